@@ -1,0 +1,9 @@
+// overlap._C: the single extension module. Each subsystem registers itself.
+#include "bindings/registry.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "overlap C++/CUDA core (torch-free); use the `overlap` package, not this module.";
+  overlap::bindings::register_errors(m);
+  overlap::bindings::register_common(m);
+  overlap::bindings::register_kernels(m);
+}

@@ -1,0 +1,12 @@
+// Each subsystem registers its own functions into the one extension module.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace overlap::bindings {
+
+void register_errors(pybind11::module_& m);
+void register_common(pybind11::module_& m);
+void register_kernels(pybind11::module_& m);
+
+}  // namespace overlap::bindings

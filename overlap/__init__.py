@@ -1,0 +1,40 @@
+"""overlap: hide tensor-parallel communication behind GEMMs.
+
+A C++ userbuffers runtime runs pipelined all-gather and reduce-scatter over buffers shared by
+the GPUs of one NVLink domain, overlapped with quantized cuBLASLt GEMMs. This package is its
+Python front end.
+
+Quick facts about the build::
+
+    python -m overlap.info
+"""
+
+from overlap._native import build_info, cuda_available, require_cuda
+from overlap._version import __version__
+from overlap.errors import (
+    BootstrapError,
+    CommTimeoutError,
+    ConfigError,
+    CudaError,
+    InvalidArgumentError,
+    OverlapError,
+    StateError,
+    SystemResourceError,
+    UnsupportedHardwareError,
+)
+
+__all__ = [
+    "BootstrapError",
+    "CommTimeoutError",
+    "ConfigError",
+    "CudaError",
+    "InvalidArgumentError",
+    "OverlapError",
+    "StateError",
+    "SystemResourceError",
+    "UnsupportedHardwareError",
+    "__version__",
+    "build_info",
+    "cuda_available",
+    "require_cuda",
+]

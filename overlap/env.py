@@ -1,0 +1,154 @@
+"""Environment variables: the one place overlap reads them.
+
+All variables share the ``OVERLAP_`` prefix. Runtime variables are debugging and deployment
+overrides; configuration proper goes through typed arguments. Build-time variables are read
+by CMake during ``pip install`` and are listed here so that the table is complete.
+
+Print the table with ``python -m overlap.env``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from overlap._logging import get_logger
+from overlap.errors import ConfigError
+
+__all__ = ["ENV_VARS", "EnvVar", "Scope", "Settings", "format_table", "settings"]
+
+PREFIX = "OVERLAP_"
+
+
+class Scope(enum.Enum):
+    """When a variable is read."""
+
+    RUNTIME = "runtime"
+    BUILD = "build"
+    TEST = "test"
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvVar:
+    """One documented environment variable."""
+
+    name: str
+    type: str
+    default: str
+    scope: Scope
+    description: str
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(
+        "OVERLAP_LOG_LEVEL", "str", "WARNING", Scope.RUNTIME,
+        "Level of the `overlap` logger and of the C++ core's stderr log "
+        "(DEBUG, INFO, WARNING, ERROR).",
+    ),
+    EnvVar(
+        "OVERLAP_TIMEOUT_S", "float", "60", Scope.RUNTIME,
+        "Default deadline in seconds of every communication wait; a wait past it raises "
+        "CommTimeoutError. Must be > 0.",
+    ),
+    EnvVar(
+        "OVERLAP_BUILD_CUDA", "AUTO|ON|OFF", "AUTO", Scope.BUILD,
+        "Compile the CUDA sources: AUTO when nvcc and cuBLASLt are found, ON to require them, "
+        "OFF for a host-only build.",
+    ),
+    EnvVar(
+        "OVERLAP_CUDA_ARCHS", "str", "90a", Scope.BUILD,
+        "CUDA architectures in CMake syntax, e.g. `90a` or `90a;100a`.",
+    ),
+    EnvVar(
+        "OVERLAP_CUBLAS_ROOT", "path", "(search)", Scope.BUILD,
+        "Directory with include/cublasLt.h and lib/libcublasLt.so*; default: the nvidia-cublas "
+        "pip package, then the CUDA toolkit.",
+    ),
+    EnvVar(
+        "OVERLAP_TEST_NP_TIMEOUT_S", "float", "180", Scope.TEST,
+        "Timeout of one mpirun launch in tests/distributed.",
+    ),
+    EnvVar(
+        "OVERLAP_MPIRUN", "path", "mpirun", Scope.TEST,
+        "The mpirun used by tests/distributed and the benchmark launcher.",
+    ),
+)
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _parse_positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number; unset it or give seconds, e.g. 60")
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be > 0")
+    return value
+
+
+def _parse_log_level(name: str, raw: str) -> str:
+    level = raw.strip().upper()
+    if level not in _LOG_LEVELS:
+        raise ConfigError(f"{name}={raw!r} must be one of {', '.join(_LOG_LEVELS)}")
+    return level
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Runtime settings read from the environment (see :data:`ENV_VARS`)."""
+
+    log_level: str = "WARNING"
+    timeout_s: float = 60.0
+    mpirun: str = "mpirun"
+    test_np_timeout_s: float = 180.0
+
+
+_PARSERS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "OVERLAP_LOG_LEVEL": ("log_level", _parse_log_level),
+    "OVERLAP_TIMEOUT_S": ("timeout_s", _parse_positive_float),
+    "OVERLAP_MPIRUN": ("mpirun", lambda _name, raw: raw),
+    "OVERLAP_TEST_NP_TIMEOUT_S": ("test_np_timeout_s", _parse_positive_float),
+}
+
+
+def settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Parse the runtime variables of ``environ`` (default ``os.environ``).
+
+    Raises:
+        ConfigError: a variable is set to an invalid value; the message names it.
+    """
+    environ = os.environ if environ is None else environ
+    known = {v.name for v in ENV_VARS}
+    values: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(PREFIX):
+            continue
+        if name not in known:
+            # A typo must not pass silently, but an unrelated variable must not break a job.
+            get_logger("env").warning(
+                "ignoring unknown environment variable %s; known OVERLAP_* variables: %s "
+                "(python -m overlap.env prints the table)", name, ", ".join(sorted(known)),
+            )
+            continue
+        if name in _PARSERS and raw != "":
+            field, parse = _PARSERS[name]
+            values[field] = parse(name, raw)
+    return Settings(**values)
+
+
+def format_table() -> str:
+    """The variable table as Markdown (the README embeds the same table)."""
+    lines = ["| variable | type | default | when | description |", "|---|---|---|---|---|"]
+    for v in ENV_VARS:
+        lines.append(
+            f"| `{v.name}` | {v.type} | `{v.default}` | {v.scope.value} | {v.description} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(format_table())
