@@ -42,8 +42,9 @@ def native() -> ModuleType:
     atexit.register(_C.mark_process_finalizing)
     info = _C.runtime_info()
     if not info["cuda_compiled"]:
-        logger.info("overlap built without CUDA support (%s): host transport only",
-                    info["no_cuda_reason"])
+        logger.info(
+            "overlap built without CUDA support (%s): host transport only", info["no_cuda_reason"]
+        )
     return _C
 
 

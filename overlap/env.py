@@ -4,7 +4,7 @@ All variables share the ``OVERLAP_`` prefix. Runtime variables are debugging and
 overrides; configuration proper goes through typed arguments. Build-time variables are read
 by CMake during ``pip install`` and are listed here so that the table is complete.
 
-Print the table with ``python -m overlap.env``.
+Print the table with ``python -m overlap.info --env``.
 """
 
 from __future__ import annotations
@@ -44,35 +44,56 @@ class EnvVar:
 
 ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
-        "OVERLAP_LOG_LEVEL", "str", "WARNING", Scope.RUNTIME,
+        "OVERLAP_LOG_LEVEL",
+        "str",
+        "WARNING",
+        Scope.RUNTIME,
         "Level of the `overlap` logger and of the C++ core's stderr log "
         "(DEBUG, INFO, WARNING, ERROR).",
     ),
     EnvVar(
-        "OVERLAP_TIMEOUT_S", "float", "60", Scope.RUNTIME,
+        "OVERLAP_TIMEOUT_S",
+        "float",
+        "60",
+        Scope.RUNTIME,
         "Default deadline in seconds of every communication wait; a wait past it raises "
         "CommTimeoutError. Must be > 0.",
     ),
     EnvVar(
-        "OVERLAP_BUILD_CUDA", "AUTO|ON|OFF", "AUTO", Scope.BUILD,
+        "OVERLAP_BUILD_CUDA",
+        "AUTO/ON/OFF",
+        "AUTO",
+        Scope.BUILD,
         "Compile the CUDA sources: AUTO when nvcc and cuBLASLt are found, ON to require them, "
         "OFF for a host-only build.",
     ),
     EnvVar(
-        "OVERLAP_CUDA_ARCHS", "str", "90a", Scope.BUILD,
+        "OVERLAP_CUDA_ARCHS",
+        "str",
+        "90a",
+        Scope.BUILD,
         "CUDA architectures in CMake syntax, e.g. `90a` or `90a;100a`.",
     ),
     EnvVar(
-        "OVERLAP_CUBLAS_ROOT", "path", "(search)", Scope.BUILD,
+        "OVERLAP_CUBLAS_ROOT",
+        "path",
+        "(search)",
+        Scope.BUILD,
         "Directory with include/cublasLt.h and lib/libcublasLt.so*; default: the nvidia-cublas "
         "pip package, then the CUDA toolkit.",
     ),
     EnvVar(
-        "OVERLAP_TEST_NP_TIMEOUT_S", "float", "180", Scope.TEST,
+        "OVERLAP_TEST_NP_TIMEOUT_S",
+        "float",
+        "180",
+        Scope.TEST,
         "Timeout of one mpirun launch in tests/distributed.",
     ),
     EnvVar(
-        "OVERLAP_MPIRUN", "path", "mpirun", Scope.TEST,
+        "OVERLAP_MPIRUN",
+        "path",
+        "mpirun",
+        Scope.TEST,
         "The mpirun used by tests/distributed and the benchmark launcher.",
     ),
 )
@@ -84,7 +105,9 @@ def _parse_positive_float(name: str, raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number; unset it or give seconds, e.g. 60")
+        raise ConfigError(
+            f"{name}={raw!r} is not a number; unset it or give seconds, e.g. 60"
+        ) from None
     if not value > 0:
         raise ConfigError(f"{name}={raw!r} must be > 0")
     return value
@@ -131,7 +154,9 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
             # A typo must not pass silently, but an unrelated variable must not break a job.
             get_logger("env").warning(
                 "ignoring unknown environment variable %s; known OVERLAP_* variables: %s "
-                "(python -m overlap.env prints the table)", name, ", ".join(sorted(known)),
+                "(python -m overlap.info --env prints the table)",
+                name,
+                ", ".join(sorted(known)),
             )
             continue
         if name in _PARSERS and raw != "":
@@ -148,7 +173,3 @@ def format_table() -> str:
             f"| `{v.name}` | {v.type} | `{v.default}` | {v.scope.value} | {v.description} |"
         )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(format_table())

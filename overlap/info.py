@@ -1,4 +1,7 @@
-"""``python -m overlap.info``: print what this build of overlap can do on this machine."""
+"""``python -m overlap.info [--json | --env]``: what this build of overlap can do here.
+
+``--json`` prints the raw facts, ``--env`` the table of OVERLAP_* environment variables.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +44,11 @@ def summary() -> str:
 
 
 if __name__ == "__main__":
-    if "--json" in sys.argv:
+    if "--env" in sys.argv:
+        from overlap.env import format_table
+
+        print(format_table())
+    elif "--json" in sys.argv:
         print(json.dumps(build_info(), indent=2))
     else:
         print(summary())

@@ -58,10 +58,10 @@ void register_common(py::module_& m) {
       "_raise_for_test",
       [](const std::string& kind_name, const std::string& message) {
         static const std::pair<const char*, ErrorKind> kKinds[] = {
-            {"internal", ErrorKind::kInternal},   {"invalid_argument", ErrorKind::kInvalidArgument},
-            {"config", ErrorKind::kConfig},       {"state", ErrorKind::kState},
-            {"timeout", ErrorKind::kTimeout},     {"unsupported", ErrorKind::kUnsupported},
-            {"cuda", ErrorKind::kCuda},           {"bootstrap", ErrorKind::kBootstrap},
+            {"internal", ErrorKind::kInternal}, {"invalid_argument", ErrorKind::kInvalidArgument},
+            {"config", ErrorKind::kConfig},     {"state", ErrorKind::kState},
+            {"timeout", ErrorKind::kTimeout},   {"unsupported", ErrorKind::kUnsupported},
+            {"cuda", ErrorKind::kCuda},         {"bootstrap", ErrorKind::kBootstrap},
             {"system", ErrorKind::kSystem},
         };
         for (const auto& [name, kind] : kKinds) {

@@ -13,10 +13,10 @@ namespace {
 
 DType dtype_from_name(const std::string& name, const char* what) {
   static const std::unordered_map<std::string, DType> kByName = {
-      {"torch.float32", DType::kFloat32},         {"torch.float16", DType::kFloat16},
-      {"torch.bfloat16", DType::kBFloat16},       {"torch.float8_e4m3fn", DType::kFloat8E4M3},
-      {"torch.float8_e5m2", DType::kFloat8E5M2},  {"torch.uint8", DType::kUInt8},
-      {"torch.float8_e8m0fnu", DType::kUInt8},    {"torch.int32", DType::kInt32},
+      {"torch.float32", DType::kFloat32},        {"torch.float16", DType::kFloat16},
+      {"torch.bfloat16", DType::kBFloat16},      {"torch.float8_e4m3fn", DType::kFloat8E4M3},
+      {"torch.float8_e5m2", DType::kFloat8E5M2}, {"torch.uint8", DType::kUInt8},
+      {"torch.float8_e8m0fnu", DType::kUInt8},   {"torch.int32", DType::kInt32},
       {"torch.float64", DType::kFloat64},
   };
   auto it = kByName.find(name);
@@ -28,8 +28,9 @@ DType dtype_from_name(const std::string& name, const char* what) {
 }  // namespace
 
 TensorRef tensor_ref_from_py(py::handle obj, const char* what) {
-  OVERLAP_CHECK_ARG(py::hasattr(obj, "data_ptr") && py::hasattr(obj, "stride"),
-                    what << ": expected a tensor, got " << py::str(py::type::of(obj)).cast<std::string>());
+  OVERLAP_CHECK_ARG(
+      py::hasattr(obj, "data_ptr") && py::hasattr(obj, "stride"),
+      what << ": expected a tensor, got " << py::str(py::type::of(obj)).cast<std::string>());
   TensorRef t;
   t.data = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<std::uintptr_t>());
   t.dtype = dtype_from_name(py::str(obj.attr("dtype")).cast<std::string>(), what);

@@ -74,8 +74,8 @@ float fp16_to_float(std::uint16_t h) {
   if (exp == 0) {
     magnitude = std::ldexp(static_cast<float>(mant), -24);  // subnormal (or zero)
   } else if (exp == 31) {
-    magnitude = mant ? std::numeric_limits<float>::quiet_NaN()
-                     : std::numeric_limits<float>::infinity();
+    magnitude =
+        mant ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
   } else {
     magnitude = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
   }

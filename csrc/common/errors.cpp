@@ -41,8 +41,12 @@ const char* basename_of(const char* path) {
 }
 }  // namespace
 
-void set_log_level(LogLevel level) { g_log_level.store(static_cast<int>(level)); }
-LogLevel log_level() { return static_cast<LogLevel>(g_log_level.load()); }
+void set_log_level(LogLevel level) {
+  g_log_level.store(static_cast<int>(level));
+}
+LogLevel log_level() {
+  return static_cast<LogLevel>(g_log_level.load());
+}
 
 void log_message(LogLevel level, const std::string& message) {
   if (static_cast<int>(level) < g_log_level.load()) return;

@@ -60,39 +60,39 @@ void log_message(LogLevel level, const std::string& message);
 #define OVERLAP_STRINGIFY(x) OVERLAP_STRINGIFY_(x)
 
 // Throws overlap::Error(kind) with a streamed message: OVERLAP_THROW(kConfig, "bad " << x).
-#define OVERLAP_THROW(kind, msg_stream)                                                         \
-  do {                                                                                          \
-    std::ostringstream overlap_oss_;                                                            \
-    overlap_oss_ << msg_stream;                                                                 \
-    ::overlap::detail::throw_error(::overlap::ErrorKind::kind, __FILE__, __LINE__, __func__,    \
-                                   nullptr, overlap_oss_.str());                                \
+#define OVERLAP_THROW(kind, msg_stream)                                                      \
+  do {                                                                                       \
+    std::ostringstream overlap_oss_;                                                         \
+    overlap_oss_ << msg_stream;                                                              \
+    ::overlap::detail::throw_error(::overlap::ErrorKind::kind, __FILE__, __LINE__, __func__, \
+                                   nullptr, overlap_oss_.str());                             \
   } while (0)
 
 // OVERLAP_CHECK(cond, kind, msg_stream): throws when cond is false; the message names cond.
-#define OVERLAP_CHECK(cond, kind, msg_stream)                                                   \
-  do {                                                                                          \
-    if (!(cond)) {                                                                              \
-      std::ostringstream overlap_oss_;                                                          \
-      overlap_oss_ << msg_stream;                                                               \
-      ::overlap::detail::throw_error(::overlap::ErrorKind::kind, __FILE__, __LINE__, __func__,  \
-                                     #cond, overlap_oss_.str());                                \
-    }                                                                                           \
+#define OVERLAP_CHECK(cond, kind, msg_stream)                                                  \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      std::ostringstream overlap_oss_;                                                         \
+      overlap_oss_ << msg_stream;                                                              \
+      ::overlap::detail::throw_error(::overlap::ErrorKind::kind, __FILE__, __LINE__, __func__, \
+                                     #cond, overlap_oss_.str());                               \
+    }                                                                                          \
   } while (0)
 
 #define OVERLAP_CHECK_ARG(cond, msg_stream) OVERLAP_CHECK(cond, kInvalidArgument, msg_stream)
 
 // Binary comparisons that print both operands' values.
-#define OVERLAP_CHECK_OP_(a, b, op, kind, msg_stream)                                           \
-  do {                                                                                          \
-    const auto& overlap_a_ = (a);                                                               \
-    const auto& overlap_b_ = (b);                                                               \
-    if (!(overlap_a_ op overlap_b_)) {                                                          \
-      std::ostringstream overlap_oss_;                                                          \
+#define OVERLAP_CHECK_OP_(a, b, op, kind, msg_stream)                                          \
+  do {                                                                                         \
+    const auto& overlap_a_ = (a);                                                              \
+    const auto& overlap_b_ = (b);                                                              \
+    if (!(overlap_a_ op overlap_b_)) {                                                         \
+      std::ostringstream overlap_oss_;                                                         \
       overlap_oss_ << msg_stream << " (" #a " = " << overlap_a_ << ", " #b " = " << overlap_b_ \
-                   << ")";                                                                      \
-      ::overlap::detail::throw_error(::overlap::ErrorKind::kind, __FILE__, __LINE__, __func__,  \
-                                     #a " " #op " " #b, overlap_oss_.str());                    \
-    }                                                                                           \
+                   << ")";                                                                     \
+      ::overlap::detail::throw_error(::overlap::ErrorKind::kind, __FILE__, __LINE__, __func__, \
+                                     #a " " #op " " #b, overlap_oss_.str());                   \
+    }                                                                                          \
   } while (0)
 #define OVERLAP_CHECK_EQ(a, b, kind, msg) OVERLAP_CHECK_OP_(a, b, ==, kind, msg)
 #define OVERLAP_CHECK_NE(a, b, kind, msg) OVERLAP_CHECK_OP_(a, b, !=, kind, msg)
@@ -102,23 +102,23 @@ void log_message(LogLevel level, const std::string& message);
 #define OVERLAP_CHECK_GT(a, b, kind, msg) OVERLAP_CHECK_OP_(a, b, >, kind, msg)
 
 // POSIX calls returning -1 and setting errno.
-#define OVERLAP_CHECK_ERRNO(expr, msg_stream)                                                   \
-  do {                                                                                          \
-    if ((expr) == -1) {                                                                         \
-      const int overlap_errno_ = errno;                                                         \
-      std::ostringstream overlap_oss_;                                                          \
-      overlap_oss_ << msg_stream << ": " << ::overlap::detail::errno_string(overlap_errno_);    \
-      ::overlap::detail::throw_error(::overlap::ErrorKind::kSystem, __FILE__, __LINE__,         \
-                                     __func__, #expr, overlap_oss_.str());                      \
-    }                                                                                           \
+#define OVERLAP_CHECK_ERRNO(expr, msg_stream)                                                     \
+  do {                                                                                            \
+    if ((expr) == -1) {                                                                           \
+      const int overlap_errno_ = errno;                                                           \
+      std::ostringstream overlap_oss_;                                                            \
+      overlap_oss_ << msg_stream << ": " << ::overlap::detail::errno_string(overlap_errno_);      \
+      ::overlap::detail::throw_error(::overlap::ErrorKind::kSystem, __FILE__, __LINE__, __func__, \
+                                     #expr, overlap_oss_.str());                                  \
+    }                                                                                             \
   } while (0)
 
 // Logs instead of throwing: for destructors and cleanup paths.
-#define OVERLAP_WARN(msg_stream)                                                                \
-  do {                                                                                          \
-    std::ostringstream overlap_oss_;                                                            \
-    overlap_oss_ << msg_stream;                                                                 \
-    ::overlap::detail::emit_warning(__FILE__, __LINE__, overlap_oss_.str());                    \
+#define OVERLAP_WARN(msg_stream)                                             \
+  do {                                                                       \
+    std::ostringstream overlap_oss_;                                         \
+    overlap_oss_ << msg_stream;                                              \
+    ::overlap::detail::emit_warning(__FILE__, __LINE__, overlap_oss_.str()); \
   } while (0)
 
 namespace overlap::detail {

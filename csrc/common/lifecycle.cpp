@@ -8,7 +8,11 @@ namespace {
 std::atomic<bool> g_finalizing{false};
 }
 
-void mark_process_finalizing() { g_finalizing.store(true); }
-bool process_finalizing() { return g_finalizing.load(); }
+void mark_process_finalizing() {
+  g_finalizing.store(true);
+}
+bool process_finalizing() {
+  return g_finalizing.load();
+}
 
 }  // namespace overlap

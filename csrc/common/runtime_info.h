@@ -22,8 +22,8 @@ struct RuntimeInfo {
   std::string no_cuda_reason;  // set when cuda_compiled is false
   std::string cuda_archs;      // architectures compiled, e.g. "90a"
   int cudart_build_version = 0;
-  int cudart_version = 0;   // of the runtime library loaded
-  int driver_version = 0;   // 0 when there is no driver
+  int cudart_version = 0;  // of the runtime library loaded
+  int driver_version = 0;  // 0 when there is no driver
   int device_count = 0;
   std::string device_error;  // why device_count is 0, when it is
   std::size_t cublaslt_version = 0;

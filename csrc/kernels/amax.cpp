@@ -5,6 +5,10 @@
 
 #include "common/errors.h"
 
+#ifdef OVERLAP_WITH_CUDA
+#include "common/cuda/device_guard.h"
+#endif
+
 namespace overlap::kernels {
 
 float amax_host(const void* x, DType dtype, std::size_t n) {
@@ -18,9 +22,9 @@ float amax_host(const void* x, DType dtype, std::size_t n) {
 }
 
 void amax(const TensorRef& x, const TensorRef& out, cudaStream_t stream) {
-  OVERLAP_CHECK_ARG(x.dtype == DType::kFloat32 || x.dtype == DType::kFloat16 ||
-                        x.dtype == DType::kBFloat16,
-                    "amax: input must be float32, float16 or bfloat16, got " << x.describe());
+  OVERLAP_CHECK_ARG(
+      x.dtype == DType::kFloat32 || x.dtype == DType::kFloat16 || x.dtype == DType::kBFloat16,
+      "amax: input must be float32, float16 or bfloat16, got " << x.describe());
   check_contiguous(x, "amax input");
   OVERLAP_CHECK_ARG(out.dtype == DType::kFloat32 && out.numel() == 1,
                     "amax: out must be a float32 tensor of one element, got " << out.describe());
@@ -32,10 +36,11 @@ void amax(const TensorRef& x, const TensorRef& out, cudaStream_t stream) {
     return;
   }
 #ifdef OVERLAP_WITH_CUDA
+  DeviceGuard guard(x.device);
   amax_cuda(x.data, x.dtype, n, static_cast<float*>(out.data), stream);
 #else
-  OVERLAP_THROW(kUnsupported, "amax on " << x.describe()
-                                         << ": this build of overlap has no CUDA support");
+  OVERLAP_THROW(kUnsupported,
+                "amax on " << x.describe() << ": this build of overlap has no CUDA support");
 #endif
 }
 

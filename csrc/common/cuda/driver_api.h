@@ -11,26 +11,26 @@
 namespace overlap {
 
 // X-macro table: (name, driver version the signature dates from). Add entry points here.
-#define OVERLAP_DRIVER_ENTRY_POINTS(X)         \
-  X(cuGetErrorName, 12000)                     \
-  X(cuGetErrorString, 12000)                   \
-  X(cuDeviceGet, 12000)                        \
-  X(cuDeviceGetAttribute, 12000)               \
-  X(cuCtxGetDevice, 12000)                     \
-  X(cuPointerGetAttribute, 12000)              \
-  X(cuMemGetAllocationGranularity, 12000)      \
-  X(cuMemCreate, 12000)                        \
-  X(cuMemRelease, 12000)                       \
-  X(cuMemAddressReserve, 12000)                \
-  X(cuMemAddressFree, 12000)                   \
-  X(cuMemMap, 12000)                           \
-  X(cuMemUnmap, 12000)                         \
-  X(cuMemSetAccess, 12000)                     \
-  X(cuMemExportToShareableHandle, 12000)       \
-  X(cuMemImportFromShareableHandle, 12000)     \
-  X(cuStreamWriteValue32, 12000)               \
-  X(cuStreamWaitValue32, 12000)                \
-  X(cuStreamWriteValue64, 12000)               \
+#define OVERLAP_DRIVER_ENTRY_POINTS(X)     \
+  X(cuGetErrorName, 12000)                 \
+  X(cuGetErrorString, 12000)               \
+  X(cuDeviceGet, 12000)                    \
+  X(cuDeviceGetAttribute, 12000)           \
+  X(cuCtxGetDevice, 12000)                 \
+  X(cuPointerGetAttribute, 12000)          \
+  X(cuMemGetAllocationGranularity, 12000)  \
+  X(cuMemCreate, 12000)                    \
+  X(cuMemRelease, 12000)                   \
+  X(cuMemAddressReserve, 12000)            \
+  X(cuMemAddressFree, 12000)               \
+  X(cuMemMap, 12000)                       \
+  X(cuMemUnmap, 12000)                     \
+  X(cuMemSetAccess, 12000)                 \
+  X(cuMemExportToShareableHandle, 12000)   \
+  X(cuMemImportFromShareableHandle, 12000) \
+  X(cuStreamWriteValue32, 12000)           \
+  X(cuStreamWaitValue32, 12000)            \
+  X(cuStreamWriteValue64, 12000)           \
   X(cuStreamWaitValue64, 12000)
 
 struct DriverApi {

@@ -1,0 +1,133 @@
+"""Worker (run under mpirun): the baseline collectives our userbuffers must beat.
+
+On GPUs: NCCL all-gather and reduce-scatter bus bandwidth for 8-256 MB (DESIGN.md §6 target:
+ours >= 95% of NCCL), plus the amax kernel's bandwidth. On the host transport: gloo
+all-gather and the bootstrap's allgather latency. overlap's own collectives are added to this
+table by the runtime issue; the overlap ops by the ops issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.common import format_table, max_over_ranks, time_op, write_json
+from overlap.comm.bootstrap import TorchBootstrap
+from overlap.info import summary
+from overlap.launch import init_torch_distributed
+from overlap.quantization import amax
+
+MB = 1 << 20
+
+
+def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]:
+    world = dist.get_world_size()
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    rows = []
+    for size_mb in sizes_mb:
+        total = size_mb * MB  # bytes of the gathered output / of the reduce-scatter input
+        shard = torch.randn(total // 2 // world, dtype=torch.bfloat16, device=device)
+        full = torch.empty(shard.numel() * world, dtype=torch.bfloat16, device=device)
+        if cuda:
+            ag = time_op(
+                lambda f=full, s=shard: dist.all_gather_into_tensor(f, s), cuda=True, iters=iters
+            )
+            rs = time_op(
+                lambda f=full, s=shard: dist.reduce_scatter_tensor(s, f), cuda=True, iters=iters
+            )
+        else:
+            parts = list(full.chunk(world))
+            ag = time_op(lambda p=parts, s=shard: dist.all_gather(p, s), cuda=False, iters=iters)
+            rs = None  # gloo has no reduce-scatter
+        ag = max_over_ranks(ag)
+        rs = max_over_ranks(rs) if rs is not None else None
+        factor = (world - 1) / world * total / 1e9  # bus bytes in GB
+        rows.append(
+            {
+                "size_mb": size_mb,
+                "allgather_ms": ag,
+                "allgather_busbw_gbps": factor / (ag / 1e3),
+                "reducescatter_ms": rs,
+                "reducescatter_busbw_gbps": factor / (rs / 1e3) if rs else None,
+            }
+        )
+    return rows
+
+
+def bench_amax(cuda: bool, iters: int) -> list[dict]:
+    device = "cuda" if cuda else "cpu"
+    rows = []
+    for numel in (1 << 24, 1 << 28) if cuda else (1 << 20,):
+        x = torch.randn(numel, dtype=torch.bfloat16, device=device)
+        out = torch.empty(1, device=device)
+        ms = time_op(lambda x=x, out=out: amax(x, out), cuda=cuda, iters=iters)
+        rows.append({"numel": numel, "ms": ms, "read_gbps": x.nbytes / 1e9 / (ms / 1e3)})
+    return rows
+
+
+def bench_bootstrap(iters: int) -> dict:
+    boot = TorchBootstrap()
+    payload = bytes(64)
+    ms = time_op(lambda: boot.allgather_bytes(payload), cuda=False, iters=iters)
+    return {"payload_bytes": len(payload), "allgather_ms": max_over_ranks(ms)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cuda", action="store_true")
+    parser.add_argument("--full", action="store_true")
+    args = parser.parse_args()
+    launch = init_torch_distributed("nccl" if args.cuda else "gloo")
+    iters = 20
+    sizes = [8, 32, 128, 256] if args.cuda else ([1, 8, 32] if args.full else [1, 8])
+    t0 = time.time()
+    result = {
+        "benchmark": "baseline_collectives",
+        "transport": "cuda" if args.cuda else "host",
+        "world_size": launch.world_size,
+        "host": platform.node(),
+        "overlap_build": summary(),
+        "gpu": torch.cuda.get_device_name() if args.cuda else None,
+        "collectives": bench_collectives(sizes, args.cuda, iters),
+        "bootstrap": bench_bootstrap(iters),
+        "amax": bench_amax(args.cuda, iters) if launch.rank == 0 else None,
+    }
+    dist.barrier()
+    dist.destroy_process_group()
+    if launch.rank != 0:
+        return
+    result["seconds"] = time.time() - t0
+    write_json(args.out / "baseline_collectives.json", result)
+    lib = "NCCL" if args.cuda else "gloo"
+    print(
+        f"\n{lib} collectives, {launch.world_size} ranks (bf16, median of {iters}, max over ranks)"
+    )
+    print(
+        format_table(
+            result["collectives"],
+            [
+                ("size_mb", "MB"),
+                ("allgather_ms", "AG ms"),
+                ("allgather_busbw_gbps", "AG busbw GB/s"),
+                ("reducescatter_ms", "RS ms"),
+                ("reducescatter_busbw_gbps", "RS busbw GB/s"),
+            ],
+        )
+    )
+    print(f"\nbootstrap allgather of 64 B: {result['bootstrap']['allgather_ms']:.3f} ms")
+    print("\namax kernel (rank 0)")
+    print(
+        format_table(
+            result["amax"], [("numel", "elements"), ("ms", "ms"), ("read_gbps", "read GB/s")]
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

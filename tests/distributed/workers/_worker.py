@@ -1,0 +1,46 @@
+"""Helpers shared by worker scripts (run as ``python workers/<name>.py`` under mpirun)."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+
+
+def run(main: Callable[[], None]) -> None:
+    """Run ``main``; print ``PASS rank=<r>`` on success, abort the whole job on failure.
+
+    Aborting matters: a rank that dies while its peers wait in a collective would otherwise
+    leave them hanging until the launcher's timeout.
+    """
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    try:
+        main()
+    except BaseException:
+        print(f"FAIL rank={rank}\n{traceback.format_exc()}", flush=True)
+        sys.stdout.flush()
+        MPI.COMM_WORLD.Abort(1)
+    MPI.COMM_WORLD.Barrier()
+    _teardown_torch_distributed()
+    print(f"PASS rank={rank}", flush=True)
+
+
+def _teardown_torch_distributed() -> None:
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def expect_raises(exc_type: type[BaseException], match: str, fn: Callable[[], object]) -> None:
+    """Assert that ``fn()`` raises ``exc_type`` with ``match`` in its message."""
+    try:
+        fn()
+    except exc_type as exc:
+        assert match in str(exc), f"expected {match!r} in {exc!r}"
+        return
+    raise AssertionError(f"expected {exc_type.__name__} matching {match!r}, nothing raised")

@@ -1,0 +1,59 @@
+"""Build facts: CUDA compiled when the toolchain is there, no libcuda link, clear reporting."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import overlap
+from overlap._native import native
+from overlap.info import summary
+
+
+def _nvcc_available() -> bool:
+    return shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+
+
+def test_build_info_reports_a_consistent_picture() -> None:
+    info = overlap.build_info()
+    assert info["device_count"] == len(info["devices"])
+    if info["cuda_compiled"]:
+        assert info["cuda_archs"]
+        assert info["cublaslt_version"] >= 120000
+        assert Path(info["cublaslt_loaded_library"]).name.startswith("libcublasLt")
+        if info["device_count"] == 0:
+            assert info["device_error"], "no GPU must come with the reason"
+            assert not overlap.cuda_available()
+    else:
+        assert info["no_cuda_reason"]
+        assert "ABSENT" in summary()
+
+
+def test_cuda_sources_are_compiled_when_nvcc_is_present() -> None:
+    if not _nvcc_available():
+        pytest.skip("nvcc not on this machine: a host-only build is expected")
+    assert overlap.build_info()["cuda_compiled"], overlap.build_info()["no_cuda_reason"]
+
+
+def test_extension_does_not_link_libcuda() -> None:
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf not available")
+    so = Path(native().__file__)
+    dynamic = subprocess.run(
+        ["readelf", "-d", str(so)], capture_output=True, text=True, check=True
+    ).stdout
+    needed = [line for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert needed, dynamic
+    assert not any("libcuda.so" in line for line in needed), needed
+
+
+def test_require_cuda_explains_why_on_a_machine_without_gpus() -> None:
+    if overlap.cuda_available():
+        pytest.skip("this machine has a usable GPU")
+    with pytest.raises(
+        overlap.UnsupportedHardwareError, match=r"the widget needs (CUDA|a CUDA GPU)"
+    ):
+        overlap.require_cuda("the widget")
