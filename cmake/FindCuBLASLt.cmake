@@ -22,7 +22,8 @@ function(overlap_find_cublaslt)
   list(APPEND _hints "${_nvcc_dir}/.." "/usr/local/cuda")
 
   find_path(CUBLASLT_INCLUDE_DIR cublasLt.h HINTS ${_hints} PATH_SUFFIXES include NO_DEFAULT_PATH)
-  find_library(CUBLASLT_LIBRARY NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12
+  # NAMES_PER_DIR: the first hint directory holding any of the names wins (pip before toolkit).
+  find_library(CUBLASLT_LIBRARY NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12 NAMES_PER_DIR
     HINTS ${_hints} PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
   set(CUBLASLT_INCLUDE_DIR "${CUBLASLT_INCLUDE_DIR}" PARENT_SCOPE)
   set(CUBLASLT_LIBRARY "${CUBLASLT_LIBRARY}" PARENT_SCOPE)
