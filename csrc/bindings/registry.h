@@ -8,5 +8,6 @@ namespace overlap::bindings {
 void register_errors(pybind11::module_& m);
 void register_common(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);
+void register_comm(pybind11::module_& m);
 
 }  // namespace overlap::bindings

@@ -1,4 +1,4 @@
-"""Python side of the userbuffers runtime: bootstrap adapters (and, later, communicators)."""
+"""Python side of the userbuffers runtime: bootstrap adapters, communicators, buffers."""
 
 from overlap.comm.bootstrap import (
     Bootstrap,
@@ -7,5 +7,15 @@ from overlap.comm.bootstrap import (
     check_single_host,
     tp_subgroup,
 )
+from overlap.comm.communicator import Communicator, SymmetricBuffer, TransportKind
 
-__all__ = ["Bootstrap", "MPIBootstrap", "TorchBootstrap", "check_single_host", "tp_subgroup"]
+__all__ = [
+    "Bootstrap",
+    "Communicator",
+    "MPIBootstrap",
+    "SymmetricBuffer",
+    "TorchBootstrap",
+    "TransportKind",
+    "check_single_host",
+    "tp_subgroup",
+]

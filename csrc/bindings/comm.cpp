@@ -1,0 +1,100 @@
+// overlap._C.comm: transports, symmetric buffers and collectives.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings/registry.h"
+#include "bindings/tensor_arg.h"
+#include "comm/collectives.h"
+#include "comm/symmetric_buffer.h"
+#include "comm/transport.h"
+#include "common/errors.h"
+
+namespace py = pybind11;
+
+namespace overlap::bindings {
+
+using comm::SymmetricBuffer;
+using comm::Transport;
+
+void register_comm(py::module_& m) {
+  py::module_ c = m.def_submodule("comm", "Userbuffers runtime (use overlap.comm instead).");
+
+  py::class_<Transport, std::shared_ptr<Transport>>(c, "Transport")
+      .def_property_readonly("name", [](const Transport& t) { return transport_name(t.kind()); });
+  c.def("make_host_transport",
+        [] { return std::shared_ptr<Transport>(comm::make_host_transport()); });
+
+  py::class_<SymmetricBuffer, std::shared_ptr<SymmetricBuffer>>(c, "SymmetricBuffer")
+      .def(
+          py::init<std::shared_ptr<Transport>, int, int, std::size_t, const std::string&, double>(),
+          py::kw_only(), py::arg("transport"), py::arg("rank"), py::arg("size"), py::arg("nbytes"),
+          py::arg("tag"), py::arg("timeout_s"))
+      .def("local_handle", [](const SymmetricBuffer& b) { return py::bytes(b.local_handle()); })
+      .def(
+          "connect",
+          [](SymmetricBuffer& b, const std::vector<py::bytes>& handles) {
+            std::vector<std::string> hs(handles.begin(), handles.end());
+            b.connect(hs);
+          },
+          py::arg("handles"))
+      .def("finish_rendezvous", &SymmetricBuffer::finish_rendezvous)
+      .def("destroy", &SymmetricBuffer::destroy)
+      .def_property_readonly("ready", &SymmetricBuffer::ready)
+      .def_property_readonly("destroyed", &SymmetricBuffer::destroyed)
+      .def_property_readonly("rank", &SymmetricBuffer::rank)
+      .def_property_readonly("size", &SymmetricBuffer::size)
+      .def_property_readonly("nbytes", &SymmetricBuffer::bytes)
+      .def_property("timeout_s", &SymmetricBuffer::timeout_s, &SymmetricBuffer::set_timeout_s)
+      .def(
+          "all_gather",
+          [](SymmetricBuffer& b, py::handle input, std::uintptr_t stream) {
+            const TensorRef in = tensor_ref_from_py(input, "all_gather input");
+            b.check_tensor(in, "all_gather input");
+            py::gil_scoped_release release;
+            comm::all_gather(b, in.data, in.nbytes(), stream_from_py(stream));
+          },
+          py::arg("input"), py::kw_only(), py::arg("stream") = 0)
+      .def(
+          "reduce_scatter",
+          [](SymmetricBuffer& b, py::handle input, py::handle output, std::uintptr_t stream) {
+            const TensorRef in = tensor_ref_from_py(input, "reduce_scatter input");
+            const TensorRef out = tensor_ref_from_py(output, "reduce_scatter output");
+            b.check_tensor(in, "reduce_scatter input");
+            b.check_tensor(out, "reduce_scatter output");
+            OVERLAP_CHECK_ARG(in.dtype == out.dtype, "reduce_scatter: input "
+                                                         << in.describe() << " and output "
+                                                         << out.describe() << " differ in dtype");
+            OVERLAP_CHECK_ARG(in.numel() == out.numel() * b.size(),
+                              "reduce_scatter: input " << in.describe() << " must hold group size ("
+                                                       << b.size() << ") x output "
+                                                       << out.describe() << " elements");
+            py::gil_scoped_release release;
+            comm::reduce_scatter(b, in.data, out.data, static_cast<std::size_t>(out.numel()),
+                                 in.dtype, stream_from_py(stream));
+          },
+          py::arg("input"), py::arg("output"), py::kw_only(), py::arg("stream") = 0)
+      .def(
+          "barrier",
+          [](SymmetricBuffer& b, std::uintptr_t stream) {
+            py::gil_scoped_release release;
+            comm::barrier(b, stream_from_py(stream));
+          },
+          py::kw_only(), py::arg("stream") = 0)
+      .def(
+          "copy_out",
+          [](SymmetricBuffer& b, py::handle output, std::size_t offset, std::uintptr_t stream) {
+            const TensorRef out = tensor_ref_from_py(output, "copy_out output");
+            b.check_ready("copy_out");
+            b.check_tensor(out, "copy_out output");
+            OVERLAP_CHECK_ARG(offset + out.nbytes() <= b.bytes(),
+                              "copy_out: bytes [" << offset << ", " << offset + out.nbytes()
+                                                  << ") are outside the buffer's " << b.bytes()
+                                                  << " bytes");
+            py::gil_scoped_release release;
+            b.transport().put(out.data, b.data(b.rank()) + offset, out.nbytes(),
+                              stream_from_py(stream));
+          },
+          py::arg("output"), py::arg("offset"), py::kw_only(), py::arg("stream") = 0);
+}
+
+}  // namespace overlap::bindings

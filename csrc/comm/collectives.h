@@ -1,0 +1,33 @@
+// Collectives on a symmetric buffer, written once against the Transport interface.
+//
+// NOTE [buffer reuse] (DESIGN.md invariant 8): every op on a buffer has an epoch e. At its
+// start a rank tells every peer "I read nothing of epoch e-1 any more" (kAck = e-1) and waits
+// until every peer has said the same, before it writes into any buffer. A fast rank can thus
+// never overwrite data a slow peer still reads, and a view handed out of a buffer stays valid
+// until the next op on that buffer. The start of an op is therefore also a barrier.
+//
+// All functions are COLLECTIVE over the buffer's group and stream-ordered on `stream`
+// (the host transport runs them synchronously).
+#pragma once
+
+#include <cstddef>
+
+#include "comm/symmetric_buffer.h"
+#include "common/dtype.h"
+
+namespace overlap::comm {
+
+// Gathers `chunk_bytes` from `input` of every rank into the data region of every rank:
+// rank r's chunk lands at data + r * chunk_bytes. `input` may be the rank's own slot.
+void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes,
+                cudaStream_t stream);
+
+// input: `size * count` elements of `dtype` (chunk k is destined to rank k);
+// output: `count` elements, the sum over ranks of their chunk `rank`, fp32 accumulation.
+void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::size_t count,
+                    DType dtype, cudaStream_t stream);
+
+// Returns once every rank of the group has entered the barrier.
+void barrier(SymmetricBuffer& buf, cudaStream_t stream);
+
+}  // namespace overlap::comm

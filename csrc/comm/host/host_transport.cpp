@@ -1,0 +1,156 @@
+// The host transport: POSIX shared memory, memcpy puts, atomic flags with a spin-wait.
+//
+// It executes in program order (streams are ignored), which makes it the executable
+// specification of every algorithm: CI runs the real protocol on it without a GPU.
+#include <sched.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "comm/host/shm_region.h"
+#include "comm/transport.h"
+#include "common/errors.h"
+
+namespace overlap::comm {
+
+namespace {
+
+constexpr const char* kHandlePrefix = "host-shm-v1";
+
+class HostRegion final : public LocalRegion {
+ public:
+  HostRegion(const std::string& name, std::size_t bytes) : segment_(name, bytes) {
+    std::memset(segment_.data(), 0, bytes);  // flags start at epoch 0
+  }
+  void* data() const override { return segment_.data(); }
+  std::size_t size() const override { return segment_.size(); }
+  std::string export_handle() const override {
+    std::ostringstream oss;
+    oss << kHandlePrefix << ' ' << segment_.size() << ' ' << segment_.name();
+    return oss.str();
+  }
+  void on_all_peers_mapped() override { segment_.unlink(); }
+
+ private:
+  ShmSegment segment_;
+};
+
+class HostMapping final : public PeerMapping {
+ public:
+  HostMapping(const std::string& name, std::size_t bytes) : mapping_(name, bytes) {}
+  void* data() const override { return mapping_.data(); }
+  std::size_t size() const override { return mapping_.size(); }
+
+ private:
+  ShmMapping mapping_;
+};
+
+template <typename Load, typename Store>
+void reduce_loop(std::size_t count, int num_inputs, Load load, Store store) {
+  for (std::size_t i = 0; i < count; ++i) {
+    float acc = 0.0f;
+    for (int k = 0; k < num_inputs; ++k) acc += load(k, i);
+    store(i, acc);
+  }
+}
+
+class HostTransport final : public Transport {
+ public:
+  TransportKind kind() const override { return TransportKind::kHost; }
+
+  std::unique_ptr<LocalRegion> allocate(std::size_t bytes, const std::string& tag) override {
+    return std::make_unique<HostRegion>("/overlap-" + tag, bytes);
+  }
+
+  std::unique_ptr<PeerMapping> map_peer(const std::string& handle) override {
+    std::istringstream iss(handle);
+    std::string prefix, name;
+    std::size_t bytes = 0;
+    iss >> prefix >> bytes >> name;
+    OVERLAP_CHECK(prefix == kHandlePrefix && !name.empty() && bytes > 0, kBootstrap,
+                  "malformed host-transport handle '"
+                      << handle << "': do all ranks use the host transport and one overlap build?");
+    return std::make_unique<HostMapping>(name, bytes);
+  }
+
+  void put(void* dst, const void* src, std::size_t bytes, cudaStream_t) override {
+    if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
+  }
+
+  void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t) override {
+    // Release: every earlier put is visible to a peer that acquires this value.
+    __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+  }
+
+  void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
+            cudaStream_t) override {
+    using Clock = std::chrono::steady_clock;
+    if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(ctx.timeout_s));
+    for (unsigned spins = 1;; ++spins) {
+      if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
+      // Ranks may outnumber cores (tests oversubscribe): yield instead of burning a core.
+      if (spins % 64 == 0) sched_yield();
+      if (spins % 1024 == 0 && Clock::now() > deadline) {
+        OVERLAP_THROW(kTimeout, ctx.op << ": rank " << ctx.rank << " timed out after "
+                                       << ctx.timeout_s << " s waiting for peer " << ctx.peer
+                                       << " at step " << ctx.step << " (epoch " << ctx.epoch
+                                       << ", flag " << __atomic_load_n(flag, __ATOMIC_ACQUIRE)
+                                       << " < " << value
+                                       << "). Did the peer crash, or call a different op?");
+      }
+    }
+  }
+
+  void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,
+              cudaStream_t) override {
+    OVERLAP_CHECK_ARG(num_inputs > 0, "reduce needs at least one input");
+    switch (dtype) {
+      case DType::kFloat32:
+        return reduce_loop(
+            count, num_inputs,
+            [&](int k, std::size_t i) { return static_cast<const float*>(inputs[k])[i]; },
+            [&](std::size_t i, float v) { static_cast<float*>(out)[i] = v; });
+      case DType::kBFloat16:
+        return reduce_loop(
+            count, num_inputs,
+            [&](int k, std::size_t i) {
+              return bf16_to_float(static_cast<const std::uint16_t*>(inputs[k])[i]);
+            },
+            [&](std::size_t i, float v) {
+              static_cast<std::uint16_t*>(out)[i] = float_to_bf16(v);
+            });
+      case DType::kFloat16:
+        return reduce_loop(
+            count, num_inputs,
+            [&](int k, std::size_t i) {
+              return fp16_to_float(static_cast<const std::uint16_t*>(inputs[k])[i]);
+            },
+            [&](std::size_t i, float v) {
+              static_cast<std::uint16_t*>(out)[i] = float_to_fp16(v);
+            });
+      default:
+        OVERLAP_THROW(kInvalidArgument, "reduce: dtype " << dtype_name(dtype)
+                                                         << " is not supported; use float32, "
+                                                            "bfloat16 or float16");
+    }
+  }
+
+  void synchronize(cudaStream_t) override {}
+};
+
+}  // namespace
+
+const char* transport_name(TransportKind kind) {
+  return kind == TransportKind::kHost ? "host" : "cuda";
+}
+
+std::unique_ptr<Transport> make_host_transport() {
+  return std::make_unique<HostTransport>();
+}
+
+}  // namespace overlap::comm

@@ -1,0 +1,89 @@
+#include "comm/host/shm_region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/errors.h"
+
+namespace overlap::comm {
+
+namespace {
+
+// Closes a file descriptor on scope exit; the mapping keeps the segment alive without it.
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void* map_fd(int fd, std::size_t bytes, const std::string& name) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    OVERLAP_THROW(kSystem, "mmap of shared memory '" << name << "' (" << bytes << " bytes) failed: "
+                                                     << detail::errno_string(err));
+  }
+  return p;
+}
+
+}  // namespace
+
+ShmSegment::ShmSegment(std::string name, std::size_t bytes) : name_(std::move(name)), size_(bytes) {
+  OVERLAP_CHECK_ARG(bytes > 0, "shared-memory segment '" << name_ << "' must not be empty");
+  const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  OVERLAP_CHECK_ERRNO(fd, "shm_open(O_CREAT | O_EXCL) of '" << name_ << "'");
+  FdCloser closer{fd};
+  linked_ = true;
+  try {
+    OVERLAP_CHECK_ERRNO(::ftruncate(fd, static_cast<off_t>(bytes)),
+                        "ftruncate of shared memory '" << name_ << "' to " << bytes
+                                                       << " bytes (is /dev/shm large enough?)");
+    data_ = map_fd(fd, bytes, name_);
+  } catch (...) {
+    unlink();
+    throw;
+  }
+}
+
+ShmSegment::~ShmSegment() {
+  if (data_ != nullptr && ::munmap(data_, size_) != 0) {
+    OVERLAP_WARN("munmap of shared memory '" << name_
+                                             << "' failed: " << detail::errno_string(errno));
+  }
+  unlink();
+}
+
+void ShmSegment::unlink() {
+  if (!linked_) return;
+  linked_ = false;
+  if (::shm_unlink(name_.c_str()) != 0 && errno != ENOENT) {
+    OVERLAP_WARN("shm_unlink of '" << name_ << "' failed: " << detail::errno_string(errno));
+  }
+}
+
+ShmMapping::ShmMapping(const std::string& name, std::size_t expected_bytes) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+  OVERLAP_CHECK_ERRNO(fd, "shm_open of peer segment '" << name
+                                                       << "' (is the peer on this host, and "
+                                                          "has it already unlinked the name?)");
+  FdCloser closer{fd};
+  struct stat st {};
+  OVERLAP_CHECK_ERRNO(::fstat(fd, &st), "fstat of peer segment '" << name << "'");
+  OVERLAP_CHECK_EQ(static_cast<std::size_t>(st.st_size), expected_bytes, kBootstrap,
+                   "peer segment '" << name << "' has an unexpected size");
+  data_ = map_fd(fd, expected_bytes, name);
+  size_ = expected_bytes;
+}
+
+ShmMapping::~ShmMapping() {
+  if (data_ != nullptr && ::munmap(data_, size_) != 0) {
+    OVERLAP_WARN("munmap of a peer segment failed: " << detail::errno_string(errno));
+  }
+}
+
+}  // namespace overlap::comm

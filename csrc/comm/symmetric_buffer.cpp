@@ -1,0 +1,130 @@
+#include "comm/symmetric_buffer.h"
+
+#include <sstream>
+
+#include "common/errors.h"
+
+namespace overlap::comm {
+
+namespace {
+const char* kEnvelope = "overlap-symbuf-v1";
+}  // namespace
+
+static_assert(SymmetricBuffer::kMaxRanks * SymmetricBuffer::kNumSlots * sizeof(std::uint64_t) <=
+                  SymmetricBuffer::kFlagBytes,
+              "flag slots must fit in the flag area");
+
+SymmetricBuffer::SymmetricBuffer(std::shared_ptr<Transport> transport, int rank, int size,
+                                 std::size_t bytes, const std::string& tag, double timeout_s)
+    : transport_(std::move(transport)), rank_(rank), size_(size), bytes_(bytes) {
+  OVERLAP_CHECK_ARG(transport_ != nullptr, "symmetric buffer needs a transport");
+  OVERLAP_CHECK(size >= 1 && size <= kMaxRanks, kConfig,
+                "group size " << size << " is outside [1, " << kMaxRanks << "]");
+  OVERLAP_CHECK(rank >= 0 && rank < size, kConfig,
+                "rank " << rank << " is outside a group of size " << size);
+  OVERLAP_CHECK_ARG(bytes > 0, "symmetric buffer size must be > 0 bytes");
+  set_timeout_s(timeout_s);
+  local_ = transport_->allocate(kFlagBytes + bytes, tag);
+  peers_.resize(size);
+}
+
+SymmetricBuffer::~SymmetricBuffer() {
+  destroy();
+}
+
+void SymmetricBuffer::set_timeout_s(double timeout_s) {
+  OVERLAP_CHECK(timeout_s > 0, kConfig, "timeout must be > 0 s, got " << timeout_s);
+  timeout_s_ = timeout_s;
+}
+
+std::string SymmetricBuffer::local_handle() const {
+  OVERLAP_CHECK(state_ == State::kCreated, kState, "local_handle() is only valid before connect()");
+  std::ostringstream oss;
+  oss << kEnvelope << ' ' << rank_ << ' ' << size_ << ' ' << bytes_ << ' '
+      << local_->export_handle();
+  return oss.str();
+}
+
+void SymmetricBuffer::connect(const std::vector<std::string>& handles) {
+  OVERLAP_CHECK(state_ == State::kCreated, kState, "connect() called twice or after destroy()");
+  OVERLAP_CHECK_EQ(static_cast<int>(handles.size()), size_, kBootstrap,
+                   "connect() needs one handle per rank");
+  // Parse every envelope first, so that every rank detects a mismatch before mapping anything
+  // and raises the same error.
+  std::vector<std::string> inner(size_);
+  std::ostringstream sizes;
+  bool sizes_differ = false;
+  for (int r = 0; r < size_; ++r) {
+    std::istringstream iss(handles[r]);
+    std::string envelope;
+    int their_rank = -1, their_size = -1;
+    std::size_t their_bytes = 0;
+    iss >> envelope >> their_rank >> their_size >> their_bytes >> std::ws;
+    std::getline(iss, inner[r]);
+    OVERLAP_CHECK(envelope == kEnvelope && their_rank == r && their_size == size_, kBootstrap,
+                  "rank " << r << " sent an unexpected buffer handle '" << handles[r]
+                          << "': do all ranks create their buffers in the same order?");
+    sizes << (r ? ", " : "") << their_bytes;
+    sizes_differ |= their_bytes != bytes_;
+  }
+  OVERLAP_CHECK(!sizes_differ, kBootstrap,
+                "ranks asked for symmetric buffers of different sizes (bytes by rank: "
+                    << sizes.str() << "); every rank must pass the same size");
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) peers_[r] = transport_->map_peer(inner[r]);
+  }
+  state_ = State::kConnected;
+}
+
+void SymmetricBuffer::finish_rendezvous() {
+  OVERLAP_CHECK(state_ == State::kConnected, kState, "finish_rendezvous() needs connect() first");
+  local_->on_all_peers_mapped();
+  state_ = State::kReady;
+}
+
+void SymmetricBuffer::destroy() noexcept {
+  if (state_ == State::kDestroyed) return;
+  state_ = State::kDestroyed;
+  // Reverse order of acquisition: peer mappings, then the local region.
+  try {
+    for (auto it = peers_.rbegin(); it != peers_.rend(); ++it) it->reset();
+    local_.reset();
+  } catch (const std::exception& e) {
+    OVERLAP_WARN("destroying a symmetric buffer failed: " << e.what());
+  }
+}
+
+void SymmetricBuffer::check_ready(const char* op) const {
+  if (state_ == State::kReady) return;
+  OVERLAP_THROW(kState, op << ": the symmetric buffer is "
+                           << (state_ == State::kDestroyed ? "destroyed"
+                                                           : "not connected yet (rendezvous "
+                                                             "incomplete)"));
+}
+
+void SymmetricBuffer::check_tensor(const TensorRef& t, const char* what) const {
+  check_contiguous(t, what);
+  const bool host = transport_->kind() == TransportKind::kHost;
+  OVERLAP_CHECK_ARG(host == t.on_host(),
+                    what << " is " << t.describe() << ", but the buffer uses the "
+                         << transport_name(transport_->kind()) << " transport; move the tensor to "
+                         << (host ? "the cpu" : "a cuda device"));
+}
+
+char* SymmetricBuffer::base(int peer) const {
+  OVERLAP_CHECK(peer >= 0 && peer < size_, kInternal, "peer " << peer << " out of range");
+  if (peer == rank_) return static_cast<char*>(local_->data());
+  OVERLAP_CHECK(peers_[peer] != nullptr, kState, "peer " << peer << " is not mapped");
+  return static_cast<char*>(peers_[peer]->data());
+}
+
+char* SymmetricBuffer::data(int peer) const {
+  return base(peer) + kFlagBytes;
+}
+
+std::uint64_t* SymmetricBuffer::flag(int owner, int src, FlagSlot slot) const {
+  auto* flags = reinterpret_cast<std::uint64_t*>(base(owner));
+  return flags + src * kNumSlots + static_cast<int>(slot);
+}
+
+}  // namespace overlap::comm

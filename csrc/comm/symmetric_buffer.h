@@ -1,0 +1,83 @@
+// A symmetric buffer: one region per rank of a group, every rank mapping every peer's region.
+//
+// Lifecycle (NOTE [rendezvous], driven by Python's bootstrap):
+//   1. construct        local allocation (no communication)
+//   2. local_handle()   bytes describing the local region -> exchanged by the bootstrap
+//   3. connect(all)     COLLECTIVE: checks every rank asked for the same size, maps the peers
+//   4. (bootstrap barrier) then finish_rendezvous(): names unlinked, the buffer is ready
+//   5. destroy()        idempotent; unmaps peers, then frees the local region (reverse order)
+//
+// Layout of each rank's region: [flags: kMaxRanks x kNumSlots uint64][pad to 4 KiB][data].
+// flag(owner, src, slot) lives in `owner`'s region and is written only by rank `src`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/transport.h"
+#include "common/tensor_ref.h"
+
+namespace overlap::comm {
+
+enum class FlagSlot : int {
+  kData = 0,  // src -> owner: "my data for epoch e is in place"
+  kAck = 1,   // src -> owner: "I no longer read anything of epochs <= e"
+};
+
+class SymmetricBuffer {
+ public:
+  static constexpr int kMaxRanks = 64;
+  static constexpr int kNumSlots = 4;
+  static constexpr std::size_t kFlagBytes = 4096;
+
+  SymmetricBuffer(std::shared_ptr<Transport> transport, int rank, int size, std::size_t bytes,
+                  const std::string& tag, double timeout_s);
+  ~SymmetricBuffer();
+  SymmetricBuffer(const SymmetricBuffer&) = delete;
+  SymmetricBuffer& operator=(const SymmetricBuffer&) = delete;
+
+  std::string local_handle() const;
+  void connect(const std::vector<std::string>& handles);
+  void finish_rendezvous();
+  void destroy() noexcept;
+
+  bool ready() const { return state_ == State::kReady; }
+  bool destroyed() const { return state_ == State::kDestroyed; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::size_t bytes() const { return bytes_; }
+  double timeout_s() const { return timeout_s_; }
+  void set_timeout_s(double timeout_s);
+  Transport& transport() const { return *transport_; }
+
+  // Start of the data region of `peer` (this rank's own when peer == rank()).
+  char* data(int peer) const;
+  std::uint64_t* flag(int owner, int src, FlagSlot slot) const;
+
+  // Throws kState unless the buffer is ready for ops; `op` names the caller.
+  void check_ready(const char* op) const;
+  // Throws kInvalidArgument unless `t` is contiguous and lives where this buffer's transport
+  // can read it (host memory for host, a CUDA device for cuda).
+  void check_tensor(const TensorRef& t, const char* what) const;
+  // The epoch of the next op on this buffer; epochs only grow.
+  std::uint64_t next_epoch() { return ++epoch_; }
+
+ private:
+  enum class State { kCreated, kConnected, kReady, kDestroyed };
+  char* base(int peer) const;
+
+  std::shared_ptr<Transport> transport_;
+  int rank_;
+  int size_;
+  std::size_t bytes_;
+  double timeout_s_;
+  State state_ = State::kCreated;
+  std::uint64_t epoch_ = 0;
+  std::unique_ptr<LocalRegion> local_;
+  std::vector<std::unique_ptr<PeerMapping>> peers_;  // indexed by rank; null for self
+};
+
+}  // namespace overlap::comm
