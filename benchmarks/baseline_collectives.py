@@ -2,8 +2,9 @@
 
 On GPUs: NCCL all-gather and reduce-scatter bus bandwidth for 8-256 MB (DESIGN.md §6 target:
 ours >= 95% of NCCL), plus the amax kernel's bandwidth. On the host transport: gloo
-all-gather and the bootstrap's allgather latency. overlap's own collectives are added to this
-table by the runtime issue; the overlap ops by the ops issue.
+all-gather next to overlap's own host-transport all-gather and reduce-scatter, and the
+bootstrap's allgather latency. overlap's cuda-transport collectives join the GPU table when
+the cuda transport lands; the overlap ops come with the ops issue.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.common import format_table, max_over_ranks, time_op, write_json
-from overlap.comm.bootstrap import TorchBootstrap
+from overlap.comm import Communicator, TorchBootstrap, TransportKind
 from overlap.info import summary
 from overlap.launch import init_torch_distributed
 from overlap.quantization import amax
@@ -27,6 +28,7 @@ MB = 1 << 20
 
 def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]:
     world = dist.get_world_size()
+    comm = None if cuda else Communicator(TorchBootstrap(), TransportKind.HOST)
     device = torch.device("cuda") if cuda else torch.device("cpu")
     rows = []
     for size_mb in sizes_mb:
@@ -40,12 +42,23 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
             rs = time_op(
                 lambda f=full, s=shard: dist.reduce_scatter_tensor(s, f), cuda=True, iters=iters
             )
+            ours_ag = ours_rs = None  # the cuda transport lands with the runtime issue
         else:
             parts = list(full.chunk(world))
             ag = time_op(lambda p=parts, s=shard: dist.all_gather(p, s), cuda=False, iters=iters)
             rs = None  # gloo has no reduce-scatter
+            buf = comm.create_buffer(full.nbytes)
+            ours_ag = time_op(
+                lambda s=shard, f=full, b=buf: b.all_gather(s, f), cuda=False, iters=iters
+            )
+            ours_rs = time_op(
+                lambda f=full, s=shard, b=buf: b.reduce_scatter(f, s), cuda=False, iters=iters
+            )
+            buf.destroy()
         ag = max_over_ranks(ag)
         rs = max_over_ranks(rs) if rs is not None else None
+        ours_ag = max_over_ranks(ours_ag) if ours_ag is not None else None
+        ours_rs = max_over_ranks(ours_rs) if ours_rs is not None else None
         factor = (world - 1) / world * total / 1e9  # bus bytes in GB
         rows.append(
             {
@@ -54,8 +67,14 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
                 "allgather_busbw_gbps": factor / (ag / 1e3),
                 "reducescatter_ms": rs,
                 "reducescatter_busbw_gbps": factor / (rs / 1e3) if rs else None,
+                "ours_allgather_ms": ours_ag,
+                "ours_allgather_busbw_gbps": factor / (ours_ag / 1e3) if ours_ag else None,
+                "ours_reducescatter_ms": ours_rs,
+                "ours_reducescatter_busbw_gbps": factor / (ours_rs / 1e3) if ours_rs else None,
             }
         )
+    if comm is not None:
+        comm.destroy()
     return rows
 
 
@@ -120,6 +139,20 @@ def main() -> None:
             ],
         )
     )
+    if not args.cuda:
+        print(f"\noverlap host-transport collectives, {launch.world_size} ranks (same protocol)")
+        print(
+            format_table(
+                result["collectives"],
+                [
+                    ("size_mb", "MB"),
+                    ("ours_allgather_ms", "AG ms"),
+                    ("ours_allgather_busbw_gbps", "AG busbw GB/s"),
+                    ("ours_reducescatter_ms", "RS ms"),
+                    ("ours_reducescatter_busbw_gbps", "RS busbw GB/s"),
+                ],
+            )
+        )
     print(f"\nbootstrap allgather of 64 B: {result['bootstrap']['allgather_ms']:.3f} ms")
     print("\namax kernel (rank 0)")
     print(

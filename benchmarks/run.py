@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] transport={'cuda' if cuda else 'host'} ranks={nprocs} out={args.out}")
     print(
         "[bench] NOTE: overlap's comm-GEMM overlap ops are not implemented yet; this run "
-        "measures the baselines they will be compared with (NCCL/gloo collectives, "
-        "bootstrap, amax kernel).",
+        "measures the collectives they build on (NCCL/gloo, and overlap's host-transport "
+        "all-gather/reduce-scatter where there is no GPU), the bootstrap and the amax kernel.",
         flush=True,
     )
     cmd = mpirun_command(
