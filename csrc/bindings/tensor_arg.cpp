@@ -27,6 +27,15 @@ DType dtype_from_name(const std::string& name, const char* what) {
 
 }  // namespace
 
+DType dtype_from_py(py::handle dtype, const char* what) {
+  return dtype_from_name(py::str(dtype).cast<std::string>(), what);
+}
+
+std::optional<TensorRef> optional_tensor_ref_from_py(py::handle obj, const char* what) {
+  if (obj.is_none()) return std::nullopt;
+  return tensor_ref_from_py(obj, what);
+}
+
 TensorRef tensor_ref_from_py(py::handle obj, const char* what) {
   OVERLAP_CHECK_ARG(
       py::hasattr(obj, "data_ptr") && py::hasattr(obj, "stride"),

@@ -1,0 +1,134 @@
+"""reduce_partials (the reduction step of a reduce-scatter) against torch references."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from overlap.errors import InvalidArgumentError  # noqa: E402
+from overlap.quantization import reduce_partials  # noqa: E402
+from tests.unit.fp8_reference import FP8_DTYPES, bits, fp8_bits, ids  # noqa: E402
+
+IN_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+OUT_SHAPES = [(1,), (1000,), (7, 129)]
+
+
+def _partials(k: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    # Magnitudes differ by partial so that the float32 order of summation matters.
+    mags = torch.pow(2.0, torch.randint(-6, 7, (k,) + (1,) * len(shape), generator=g).float())
+    return (torch.randn((k, *shape), generator=g) * mags).to(dtype)
+
+
+def _ordered_sum(p: torch.Tensor) -> torch.Tensor:
+    """((p0 + p1) + p2) + ... in float32, the order the core promises."""
+    acc = p[0].float().clone()
+    for i in range(1, p.shape[0]):
+        acc = acc + p[i].float()
+    return acc
+
+
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=ids)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=ids)
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+@pytest.mark.parametrize("shape", OUT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_reduce_matches_ordered_float32_sum(
+    dtype: torch.dtype, out_dtype: torch.dtype, k: int, shape: tuple[int, ...]
+) -> None:
+    p = _partials(k, shape, dtype, seed=k * 100 + len(shape))
+    out = torch.full(shape, float("nan"), dtype=out_dtype)
+    amax = torch.full((1,), float("nan"))
+    got = reduce_partials(p, out=out, amax=amax)
+    assert got is out
+    acc = _ordered_sum(p)
+    # Rounded once, to nearest even, from the float32 sum: bit-exact.
+    assert torch.equal(got, acc.to(out_dtype))
+    assert torch.equal(amax, acc.abs().max().reshape(1))
+    # And close to the exact sum.
+    exact = p.double().sum(0)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[out_dtype]
+    torch.testing.assert_close(got.double(), exact, rtol=tol, atol=exact.abs().max() * 1e-6)
+
+
+@pytest.mark.parametrize("fmt", FP8_DTYPES, ids=ids)
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["fp8", "uint8"])
+def test_reduce_to_fp8(fmt: torch.dtype, as_bytes: bool) -> None:
+    p = _partials(4, (3, 333), torch.bfloat16, seed=9)
+    acc = _ordered_sum(p)
+    scale = torch.tensor([300.0 / acc.abs().max().item()]) * (
+        128.0 if fmt == torch.float8_e5m2 else 1.0
+    )
+    out = torch.empty((3, 333), dtype=torch.uint8 if as_bytes else fmt)
+    bits(out).fill_(0xFF)
+    scale_inv = torch.full((1,), float("nan"))
+    amax = torch.full((1,), float("nan"))
+    got = reduce_partials(p, out_dtype=fmt, scale=scale, scale_inv=scale_inv, amax=amax, out=out)
+    assert got is out
+    assert torch.equal(bits(got), fp8_bits(acc * scale, fmt))
+    assert torch.equal(scale_inv, 1.0 / scale)
+    assert torch.equal(amax, acc.abs().max().reshape(1))  # of the unscaled sum
+
+
+def test_reduce_keeps_negative_zero_and_propagates_nan() -> None:
+    p = torch.tensor([[-0.0, 1.0, 2.0], [-0.0, float("nan"), 3.0]])
+    amax = torch.zeros(1)
+    got = reduce_partials(p, amax=amax)
+    assert got[0].item() == 0.0 and torch.signbit(got[0])
+    assert torch.isnan(got[1]) and got[2].item() == 5.0
+    assert torch.isnan(amax).all()
+
+
+def test_reduce_defaults_to_partials_dtype() -> None:
+    p = torch.randn(3, 10, dtype=torch.bfloat16)
+    got = reduce_partials(p)
+    assert got.dtype == torch.bfloat16 and got.shape == (10,)
+    assert torch.equal(got, _ordered_sum(p).bfloat16())
+
+
+P = torch.randn(2, 16)
+
+BAD_CALLS = {
+    "uint8-out-without-format": (
+        lambda: reduce_partials(P, out=torch.empty(16, dtype=torch.uint8)),
+        "out is uint8 .* pass out_dtype",
+    ),
+    "fp8-without-scale": (
+        lambda: reduce_partials(P, out_dtype=torch.float8_e4m3fn),
+        r"needs a float32\[1\] scale",
+    ),
+    "scale-with-bf16-out": (
+        lambda: reduce_partials(P, out_dtype=torch.bfloat16, scale=torch.ones(1)),
+        "scale and scale_inv apply to FP8 outputs only",
+    ),
+    "out-shape": (
+        lambda: reduce_partials(P, out=torch.empty(2, 16)),
+        r"must have shape \[16\], got float32\[2, 16\]",
+    ),
+    "out-format-mismatch": (
+        lambda: reduce_partials(P, out_dtype=torch.float16, out=torch.empty(16)),
+        "out must hold float16, got float32",
+    ),
+    "out-float64": (
+        lambda: reduce_partials(P, out_dtype=torch.float64),
+        "out_format must be float32, bfloat16, float16 or an FP8 format, got float64",
+    ),
+    "scalar-partials": (lambda: reduce_partials(torch.tensor(1.0)), r"\[k, \.\.\.\] with k >= 1"),
+    "zero-partials": (lambda: reduce_partials(torch.empty(0, 4)), r"with k >= 1"),
+    "partials-int": (
+        lambda: reduce_partials(torch.ones(2, 4, dtype=torch.int32)),
+        "partials must be float32, float16 or bfloat16",
+    ),
+    "partials-noncontig": (lambda: reduce_partials(P.t()), "partials must be contiguous"),
+    "amax-size": (
+        lambda: reduce_partials(P, amax=torch.empty(2)),
+        "amax must be a contiguous float32",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CALLS))
+def test_reduce_rejects_bad_arguments(name: str) -> None:
+    call, match = BAD_CALLS[name]
+    with pytest.raises(InvalidArgumentError, match=match):
+        call()
