@@ -2,20 +2,21 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "common/errors.h"
 #include "kernels/kernel_args.h"
 
 namespace overlap::kernels {
 
-float reduce_partials_host(const void* partials, DType dtype, std::size_t k, std::size_t n,
+float reduce_pointers_host(const void* const* inputs, DType dtype, std::size_t k, std::size_t n,
                            void* out, DType out_format, float scale) {
   const bool fp8 = dtype_is_fp8(out_format);
   float amax = 0.0f;
   bool has_nan = false;
   for (std::size_t j = 0; j < n; ++j) {
-    float acc = load_as_float(partials, dtype, j);  // NOTE [reduction order]
-    for (std::size_t p = 1; p < k; ++p) acc += load_as_float(partials, dtype, p * n + j);
+    float acc = load_as_float(inputs[0], dtype, j);  // NOTE [reduction order]
+    for (std::size_t p = 1; p < k; ++p) acc += load_as_float(inputs[p], dtype, j);
     const float a = std::fabs(acc);
     has_nan |= std::isnan(a);
     amax = a > amax ? a : amax;
@@ -26,6 +27,15 @@ float reduce_partials_host(const void* partials, DType dtype, std::size_t k, std
     }
   }
   return has_nan ? std::numeric_limits<float>::quiet_NaN() : amax;
+}
+
+float reduce_partials_host(const void* partials, DType dtype, std::size_t k, std::size_t n,
+                           void* out, DType out_format, float scale) {
+  std::vector<const void*> inputs(k);
+  for (std::size_t p = 0; p < k; ++p) {
+    inputs[p] = static_cast<const char*>(partials) + p * n * dtype_size(dtype);
+  }
+  return reduce_pointers_host(inputs.data(), dtype, k, n, out, out_format, scale);
 }
 
 void reduce_partials(const TensorRef& partials, const TensorRef& out, DType out_format,

@@ -26,6 +26,11 @@ void reduce_partials(const TensorRef& partials, const TensorRef& out, DType out_
                      cudaStream_t stream);
 
 // Host reference: k partials of n elements each; returns max |sum| (NaN if any sum is NaN).
+// The same reduction over k separate input pointers (peer buffers of the host transport):
+// inputs[p] holds n elements of `dtype`. out may alias an input.
+float reduce_pointers_host(const void* const* inputs, DType dtype, std::size_t k, std::size_t n,
+                           void* out, DType out_format, float scale);
+
 float reduce_partials_host(const void* partials, DType dtype, std::size_t k, std::size_t n,
                            void* out, DType out_format, float scale);
 

@@ -12,6 +12,7 @@
 #include "comm/host/shm_region.h"
 #include "comm/transport.h"
 #include "common/errors.h"
+#include "kernels/reduce.h"
 
 namespace overlap::comm {
 
@@ -46,15 +47,6 @@ class HostMapping final : public PeerMapping {
  private:
   ShmMapping mapping_;
 };
-
-template <typename Load, typename Store>
-void reduce_loop(std::size_t count, int num_inputs, Load load, Store store) {
-  for (std::size_t i = 0; i < count; ++i) {
-    float acc = 0.0f;
-    for (int k = 0; k < num_inputs; ++k) acc += load(k, i);
-    store(i, acc);
-  }
-}
 
 class HostTransport final : public Transport {
  public:
@@ -109,35 +101,13 @@ class HostTransport final : public Transport {
   void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,
               cudaStream_t) override {
     OVERLAP_CHECK_ARG(num_inputs > 0, "reduce needs at least one input");
-    switch (dtype) {
-      case DType::kFloat32:
-        return reduce_loop(
-            count, num_inputs,
-            [&](int k, std::size_t i) { return static_cast<const float*>(inputs[k])[i]; },
-            [&](std::size_t i, float v) { static_cast<float*>(out)[i] = v; });
-      case DType::kBFloat16:
-        return reduce_loop(
-            count, num_inputs,
-            [&](int k, std::size_t i) {
-              return bf16_to_float(static_cast<const std::uint16_t*>(inputs[k])[i]);
-            },
-            [&](std::size_t i, float v) {
-              static_cast<std::uint16_t*>(out)[i] = float_to_bf16(v);
-            });
-      case DType::kFloat16:
-        return reduce_loop(
-            count, num_inputs,
-            [&](int k, std::size_t i) {
-              return fp16_to_float(static_cast<const std::uint16_t*>(inputs[k])[i]);
-            },
-            [&](std::size_t i, float v) {
-              static_cast<std::uint16_t*>(out)[i] = float_to_fp16(v);
-            });
-      default:
-        OVERLAP_THROW(kInvalidArgument, "reduce: dtype " << dtype_name(dtype)
-                                                         << " is not supported; use float32, "
-                                                            "bfloat16 or float16");
-    }
+    OVERLAP_CHECK_ARG(
+        dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+        "reduce: dtype " << dtype_name(dtype)
+                         << " is not supported; use float32, bfloat16 or float16");
+    // The kernels' host reference: the same fixed-order fp32 sum the CUDA kernel must match.
+    kernels::reduce_pointers_host(inputs, dtype, static_cast<std::size_t>(num_inputs), count, out,
+                                  dtype, 1.0f);
   }
 
   void synchronize(cudaStream_t) override {}
