@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings/dlpack.h"
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
 #include "comm/collectives.h"
@@ -20,9 +21,32 @@ void register_comm(py::module_& m) {
   py::module_ c = m.def_submodule("comm", "Userbuffers runtime (use overlap.comm instead).");
 
   py::class_<Transport, std::shared_ptr<Transport>>(c, "Transport")
-      .def_property_readonly("name", [](const Transport& t) { return transport_name(t.kind()); });
+      .def_property_readonly("name", [](const Transport& t) { return transport_name(t.kind()); })
+      .def_property_readonly("device", &Transport::device)
+      .def("raise_if_failed", &Transport::raise_if_failed)
+      .def(
+          "synchronize",
+          [](Transport& t, std::uintptr_t stream) {
+            py::gil_scoped_release release;
+            t.synchronize(stream_from_py(stream));
+          },
+          py::kw_only(), py::arg("stream") = 0);
   c.def("make_host_transport",
         [] { return std::shared_ptr<Transport>(comm::make_host_transport()); });
+  c.def(
+      "make_cuda_transport",
+      [](int device) -> std::shared_ptr<Transport> {
+#ifdef OVERLAP_WITH_CUDA
+        return comm::make_cuda_transport(device);
+#else
+        OVERLAP_THROW(kUnsupported,
+                      "this overlap build has no CUDA support (built with "
+                      "OVERLAP_BUILD_CUDA=OFF or without nvcc); the cuda "
+                      "transport needs it. Rebuild with CUDA, or use the host "
+                      "transport");
+#endif
+      },
+      py::arg("device"));
 
   py::class_<SymmetricBuffer, std::shared_ptr<SymmetricBuffer>>(c, "SymmetricBuffer")
       .def(
@@ -81,6 +105,18 @@ void register_comm(py::module_& m) {
           },
           py::kw_only(), py::arg("stream") = 0)
       .def(
+          "view",
+          [](const SymmetricBuffer& b, int peer, std::size_t offset, std::size_t nbytes) {
+            b.check_ready("view");
+            OVERLAP_CHECK_ARG(offset <= b.bytes() && nbytes <= b.bytes() - offset,
+                              "view: bytes [" << offset << ", " << offset + nbytes
+                                              << ") are outside the buffer's " << b.bytes()
+                                              << " bytes");
+            return byte_view_capsule(b.data(peer) + offset, nbytes, b.transport().device(),
+                                     b.keep_alive(peer));
+          },
+          py::arg("peer"), py::arg("offset"), py::arg("nbytes"))
+      .def(
           "copy_out",
           [](SymmetricBuffer& b, py::handle output, std::size_t offset, std::uintptr_t stream) {
             const TensorRef out = tensor_ref_from_py(output, "copy_out output");
@@ -92,7 +128,7 @@ void register_comm(py::module_& m) {
                                                   << " bytes");
             py::gil_scoped_release release;
             b.transport().put(out.data, b.data(b.rank()) + offset, out.nbytes(),
-                              stream_from_py(stream));
+                              stream_from_py(stream), 0);
           },
           py::arg("output"), py::arg("offset"), py::kw_only(), py::arg("stream") = 0);
 }

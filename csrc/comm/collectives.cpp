@@ -8,36 +8,96 @@ namespace overlap::comm {
 
 namespace {
 
-// Opens op `op` on `buf`: returns its epoch once every peer has acknowledged the previous one
-// (NOTE [buffer reuse] in collectives.h).
-std::uint64_t begin_op(SymmetricBuffer& buf, const char* op, cudaStream_t stream) {
+// NOTE [op records]: every rank writes "I issue op #e: <op, argument hash>" into its record
+// slot of every peer's flags before it acknowledges entering op e; after the acknowledgements
+// it compares the records of peers that are at the same epoch with its own. A peer can be at
+// most one op ahead by then (it cannot pass op e+1's acknowledgements without us), so records
+// alternate between two slots by epoch parity and op e's record is still there to compare. Ranks
+// that call different ops (or the same op with different sizes) on one buffer thus get a typed
+// error naming both calls, instead of silently exchanging the wrong bytes. The check is on the
+// host, at issue time, and best effort on cuda (a peer's host may already be further ahead).
+constexpr int kEpochShift = 24;
+
+FlagSlot record_slot(std::uint64_t epoch) {
+  return epoch % 2 ? FlagSlot::kOpOdd : FlagSlot::kOpEven;
+}
+
+std::uint64_t op_record(std::uint64_t epoch, OpCode code, std::uint64_t arg) {
+  const std::uint64_t arg_hash = (arg * 0x9E3779B97F4A7C15ull) >> 48;  // 16 bits
+  return (epoch << kEpochShift) | (static_cast<std::uint64_t>(code) << 16) | arg_hash;
+}
+
+const char* op_name(std::uint64_t record) {
+  switch (static_cast<OpCode>((record >> 16) & 0xff)) {
+    case OpCode::kAllGather:
+      return "all_gather";
+    case OpCode::kReduceScatter:
+      return "reduce_scatter";
+    case OpCode::kBarrier:
+      return "barrier";
+  }
+  return "an unknown op";
+}
+
+void check_op_records(const SymmetricBuffer& buf, std::uint64_t mine, std::uint64_t epoch) {
+  const int r = buf.rank();
+  for (int peer = 0; peer < buf.size(); ++peer) {
+    if (peer == r) continue;
+    const std::uint64_t theirs =
+        __atomic_load_n(buf.flag(r, peer, record_slot(epoch)), __ATOMIC_ACQUIRE);
+    if ((theirs >> kEpochShift) != epoch || theirs == mine) continue;
+    const bool same_op = ((theirs ^ mine) & 0xff0000) == 0;
+    OVERLAP_THROW(kState, "collective mismatch on a symmetric buffer: rank "
+                              << r << " issued " << op_name(mine) << " as op #" << epoch
+                              << " but rank " << peer << " issued " << op_name(theirs)
+                              << (same_op ? " with different sizes" : "")
+                              << "; every rank must call the same ops, with the same sizes, "
+                                 "in the same order");
+  }
+}
+
+// Opens op `code` on `buf`: returns its epoch once every peer has acknowledged the previous
+// one (NOTE [buffer reuse] in collectives.h).
+std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, const char* op,
+                       cudaStream_t stream) {
   buf.check_ready(op);
+  Transport& t = buf.transport();
+  t.raise_if_failed();
+  t.check_stream(stream);
   const std::uint64_t epoch = buf.next_epoch();
   const int r = buf.rank();
   const int n = buf.size();
-  Transport& t = buf.transport();
+  const std::uint64_t record = op_record(epoch, code, arg);
+  for (int i = 1; i < n; ++i) {
+    __atomic_store_n(buf.flag((r + i) % n, r, record_slot(epoch)), record, __ATOMIC_RELEASE);
+  }
+  // kAck = e: "I have entered op e, so I read nothing of op e-1 any more". Waiting for e (not
+  // e-1) makes even the first op a barrier, after which every peer's op record is visible.
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
-    t.signal(buf.flag(peer, r, FlagSlot::kAck), epoch - 1, stream);
+    t.signal(buf.flag(peer, r, FlagSlot::kAck), epoch, stream, 0);
   }
   for (int i = 1; i < n; ++i) {
     const int peer = (r + n - i) % n;
     WaitContext ctx{op, r, peer, 0, epoch, buf.timeout_s()};
-    t.wait(buf.flag(r, peer, FlagSlot::kAck), epoch - 1, ctx, stream);
+    t.wait(buf.flag(r, peer, FlagSlot::kAck), epoch, ctx, stream, 0);
   }
+  check_op_records(buf, record, epoch);
   return epoch;
 }
 
 }  // namespace
 
-// Timeline of rank r (n ranks), one stream:
+// Timeline of rank r (n ranks):
 //
-//   begin_op | put own chunk -> slot r of r+1, r+2, ..., r-1 (each followed by its kData
-//            |   signal, so peers can start consuming before all puts are done)
-//            | wait kData from r-1, r-2, ..., r+1  (the order peers reach us in)
+//   stream  | begin_op | fork | put own chunk -> own slot r        | join | wait kData from
+//   lane 1  |          |      | put own chunk -> slot r of r+1, signal kData |  r-1, ..., r+1
+//   ...     |          |      | ...                                |
+//   lane n-1|          |      | put own chunk -> slot r of r-1, signal kData |
 //
-// On NVLink's all-to-all topology every put uses its own link; on cuda the puts are
-// copy-engine copies and use no SMs.
+// On NVLink's all-to-all topology every lane's put uses its own links at the same time; on
+// cuda the puts are copy-engine copies and the signals/waits stream memory operations, so the
+// all-gather uses no SMs.
 void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes,
                 cudaStream_t stream) {
   const int r = buf.rank();
@@ -46,18 +106,20 @@ void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes
                     "all_gather: " << n << " chunks of " << chunk_bytes
                                    << " bytes exceed the buffer's " << buf.bytes()
                                    << " bytes; create a larger buffer or gather less");
-  const std::uint64_t epoch = begin_op(buf, "all_gather", stream);
+  const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, chunk_bytes, "all_gather", stream);
   Transport& t = buf.transport();
-  t.put(buf.data(r) + r * chunk_bytes, input, chunk_bytes, stream);
+  t.fork(stream, n);
+  t.put(buf.data(r) + r * chunk_bytes, input, chunk_bytes, stream, 0);
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
-    t.put(buf.data(peer) + r * chunk_bytes, input, chunk_bytes, stream);
-    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream);
+    t.put(buf.data(peer) + r * chunk_bytes, input, chunk_bytes, stream, i);
+    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, i);
   }
+  t.join(stream);
   for (int i = 1; i < n; ++i) {
     const int peer = (r + n - i) % n;
     WaitContext ctx{"all_gather", r, peer, i, epoch, buf.timeout_s()};
-    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream);
+    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
   }
 }
 
@@ -68,21 +130,26 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
                     DType dtype, cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
+  OVERLAP_CHECK_ARG(
+      dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+      "reduce_scatter: dtype " << dtype_name(dtype)
+                               << " is not supported; use float32, bfloat16 or float16");
   const std::size_t chunk_bytes = count * dtype_size(dtype);
   OVERLAP_CHECK_ARG(chunk_bytes * n <= buf.bytes(),
                     "reduce_scatter: " << n << " chunks of " << chunk_bytes
                                        << " bytes exceed the buffer's " << buf.bytes()
                                        << " bytes; create a larger buffer");
-  const std::uint64_t epoch = begin_op(buf, "reduce_scatter", stream);
+  const std::uint64_t epoch =
+      begin_op(buf, OpCode::kReduceScatter, chunk_bytes, "reduce_scatter", stream);
   Transport& t = buf.transport();
-  t.put(buf.data(r), input, chunk_bytes * n, stream);
+  t.put(buf.data(r), input, chunk_bytes * n, stream, 0);
   for (int i = 1; i < n; ++i) {
-    t.signal(buf.flag((r + i) % n, r, FlagSlot::kData), epoch, stream);
+    t.signal(buf.flag((r + i) % n, r, FlagSlot::kData), epoch, stream, 0);
   }
   for (int i = 1; i < n; ++i) {
     const int peer = (r + n - i) % n;
     WaitContext ctx{"reduce_scatter", r, peer, i, epoch, buf.timeout_s()};
-    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream);
+    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
   }
   // Summed in rank order on every rank, so results do not depend on which rank computed them.
   std::vector<const void*> partials(n);
@@ -91,7 +158,7 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
 }
 
 void barrier(SymmetricBuffer& buf, cudaStream_t stream) {
-  begin_op(buf, "barrier", stream);
+  begin_op(buf, OpCode::kBarrier, 0, "barrier", stream);
 }
 
 }  // namespace overlap::comm

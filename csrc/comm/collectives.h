@@ -1,10 +1,10 @@
 // Collectives on a symmetric buffer, written once against the Transport interface.
 //
 // NOTE [buffer reuse] (DESIGN.md invariant 8): every op on a buffer has an epoch e. At its
-// start a rank tells every peer "I read nothing of epoch e-1 any more" (kAck = e-1) and waits
-// until every peer has said the same, before it writes into any buffer. A fast rank can thus
-// never overwrite data a slow peer still reads, and a view handed out of a buffer stays valid
-// until the next op on that buffer. The start of an op is therefore also a barrier.
+// start a rank tells every peer "I have entered op e: I read nothing of epoch e-1 any more"
+// (kAck = e) and waits until every peer has said the same, before it writes into any buffer. A fast
+// rank can thus never overwrite data a slow peer still reads, and a view handed out of a buffer
+// stays valid until the next op on that buffer. The start of an op is therefore also a barrier.
 //
 // All functions are COLLECTIVE over the buffer's group and stream-ordered on `stream`
 // (the host transport runs them synchronously).

@@ -11,7 +11,7 @@ const char* kEnvelope = "overlap-symbuf-v1";
 }  // namespace
 
 static_assert(SymmetricBuffer::kMaxRanks * SymmetricBuffer::kNumSlots * sizeof(std::uint64_t) <=
-                  SymmetricBuffer::kFlagBytes,
+                  kFlagBytes,
               "flag slots must fit in the flag area");
 
 SymmetricBuffer::SymmetricBuffer(std::shared_ptr<Transport> transport, int rank, int size,
@@ -24,7 +24,7 @@ SymmetricBuffer::SymmetricBuffer(std::shared_ptr<Transport> transport, int rank,
                 "rank " << rank << " is outside a group of size " << size);
   OVERLAP_CHECK_ARG(bytes > 0, "symmetric buffer size must be > 0 bytes");
   set_timeout_s(timeout_s);
-  local_ = transport_->allocate(kFlagBytes + bytes, tag);
+  local_ = transport_->allocate(bytes, tag);
   peers_.resize(size);
 }
 
@@ -104,26 +104,35 @@ void SymmetricBuffer::check_ready(const char* op) const {
 
 void SymmetricBuffer::check_tensor(const TensorRef& t, const char* what) const {
   check_contiguous(t, what);
-  const bool host = transport_->kind() == TransportKind::kHost;
-  OVERLAP_CHECK_ARG(host == t.on_host(),
+  const int device = transport_->device();
+  OVERLAP_CHECK_ARG(t.device == device,
                     what << " is " << t.describe() << ", but the buffer uses the "
-                         << transport_name(transport_->kind()) << " transport; move the tensor to "
-                         << (host ? "the cpu" : "a cuda device"));
+                         << transport_name(transport_->kind()) << " transport on "
+                         << (device < 0 ? std::string("the cpu") : "cuda:" + std::to_string(device))
+                         << "; move the tensor there");
 }
 
-char* SymmetricBuffer::base(int peer) const {
-  OVERLAP_CHECK(peer >= 0 && peer < size_, kInternal, "peer " << peer << " out of range");
-  if (peer == rank_) return static_cast<char*>(local_->data());
-  OVERLAP_CHECK(peers_[peer] != nullptr, kState, "peer " << peer << " is not mapped");
-  return static_cast<char*>(peers_[peer]->data());
+void SymmetricBuffer::check_peer(int peer) const {
+  OVERLAP_CHECK(peer >= 0 && peer < size_, kInvalidArgument,
+                "peer " << peer << " is outside a group of size " << size_);
+  OVERLAP_CHECK(peer == rank_ ? local_ != nullptr : peers_[peer] != nullptr, kState,
+                "peer " << peer << " is not mapped (buffer not connected, or destroyed)");
 }
 
 char* SymmetricBuffer::data(int peer) const {
-  return base(peer) + kFlagBytes;
+  check_peer(peer);
+  return static_cast<char*>(peer == rank_ ? local_->data() : peers_[peer]->data());
+}
+
+std::shared_ptr<const void> SymmetricBuffer::keep_alive(int peer) const {
+  check_peer(peer);
+  if (peer == rank_) return local_;
+  return peers_[peer];
 }
 
 std::uint64_t* SymmetricBuffer::flag(int owner, int src, FlagSlot slot) const {
-  auto* flags = reinterpret_cast<std::uint64_t*>(base(owner));
+  check_peer(owner);
+  std::uint64_t* flags = owner == rank_ ? local_->flags() : peers_[owner]->flags();
   return flags + src * kNumSlots + static_cast<int>(slot);
 }
 

@@ -7,8 +7,14 @@
 //   4. (bootstrap barrier) then finish_rendezvous(): names unlinked, the buffer is ready
 //   5. destroy()        idempotent; unmaps peers, then frees the local region (reverse order)
 //
-// Layout of each rank's region: [flags: kMaxRanks x kNumSlots uint64][pad to 4 KiB][data].
-// flag(owner, src, slot) lives in `owner`'s region and is written only by rank `src`.
+// Each rank's region has a data part (`bytes`) and a flag part (kFlagBytes: kMaxRanks x
+// kNumSlots uint64). flag(owner, src, slot) lives in `owner`'s flags and is written only by
+// rank `src`. Where the flags live is the transport's choice (NOTE [flags] in transport.h).
+//
+// NOTE [views outlive destroy]: regions are held by shared_ptr so that a view handed out of
+// the buffer (a DLPack tensor) keeps its memory alive: destroy() drops the buffer's own
+// references, and the memory goes when the last view does. A view's contents are only
+// defined until the next op on the buffer (invariant 2: never save one for backward).
 #pragma once
 
 #include <cstddef>
@@ -23,15 +29,19 @@
 namespace overlap::comm {
 
 enum class FlagSlot : int {
-  kData = 0,  // src -> owner: "my data for epoch e is in place"
-  kAck = 1,   // src -> owner: "I no longer read anything of epochs <= e"
+  kData = 0,    // src -> owner: "my data for epoch e is in place"
+  kAck = 1,     // src -> owner: "I entered op e: I no longer read anything of epochs < e"
+  kOpEven = 2,  // src -> owner: the record of src's latest even-epoch op (NOTE [op records])
+  kOpOdd = 3,   // ... and of its latest odd-epoch op; both host-written
 };
+
+// What an op record names (NOTE [op records] in collectives.cpp).
+enum class OpCode : int { kAllGather = 1, kReduceScatter = 2, kBarrier = 3 };
 
 class SymmetricBuffer {
  public:
   static constexpr int kMaxRanks = 64;
   static constexpr int kNumSlots = 4;
-  static constexpr std::size_t kFlagBytes = 4096;
 
   SymmetricBuffer(std::shared_ptr<Transport> transport, int rank, int size, std::size_t bytes,
                   const std::string& tag, double timeout_s);
@@ -55,6 +65,8 @@ class SymmetricBuffer {
 
   // Start of the data region of `peer` (this rank's own when peer == rank()).
   char* data(int peer) const;
+  // Shares ownership of `peer`'s memory (NOTE [views outlive destroy]).
+  std::shared_ptr<const void> keep_alive(int peer) const;
   std::uint64_t* flag(int owner, int src, FlagSlot slot) const;
 
   // Throws kState unless the buffer is ready for ops; `op` names the caller.
@@ -67,7 +79,7 @@ class SymmetricBuffer {
 
  private:
   enum class State { kCreated, kConnected, kReady, kDestroyed };
-  char* base(int peer) const;
+  void check_peer(int peer) const;
 
   std::shared_ptr<Transport> transport_;
   int rank_;
@@ -76,8 +88,8 @@ class SymmetricBuffer {
   double timeout_s_;
   State state_ = State::kCreated;
   std::uint64_t epoch_ = 0;
-  std::unique_ptr<LocalRegion> local_;
-  std::vector<std::unique_ptr<PeerMapping>> peers_;  // indexed by rank; null for self
+  std::shared_ptr<LocalRegion> local_;
+  std::vector<std::shared_ptr<PeerMapping>> peers_;  // indexed by rank; null for self
 };
 
 }  // namespace overlap::comm

@@ -4,6 +4,16 @@
 // against this interface. The `host` transport (POSIX shared memory, memcpy, atomic flags)
 // executes in program order and is what CI runs; the `cuda` transport (CUDA IPC, copy-engine
 // puts, stream-ordered flags) is the product. Every call takes a stream; host ignores it.
+//
+// NOTE [lanes]: an op may spread independent work over `lanes` (e.g. one put per peer, so that
+// every NVLink carries a copy at once). fork(stream, n) opens lanes 1..n-1, each starting after
+// everything already issued on `stream`; lane 0 is `stream` itself. join(stream) makes
+// `stream` wait for all its lanes. put/signal/wait name their lane; the host transport runs
+// every lane in program order. On cuda each lane is a side stream joined back to the caller's
+// stream by events, so the caller sees one stream-ordered op.
+//
+// NOTE [flags]: a region has a data part and a flag part (kFlagBytes of uint64 slots). Flags
+// are written only by signal() and read only by wait(); their values (epochs) only grow.
 #pragma once
 
 #include <cstddef>
@@ -29,12 +39,19 @@ struct WaitContext {
   double timeout_s = 60.0;
 };
 
+// Bytes of the flag part of every region: 64 ranks x 4 slots x uint64, one 4 KiB page.
+constexpr std::size_t kFlagBytes = 4096;
+
+// "all_gather: rank 1 timed out after 60 s waiting for peer 2 at step 1 (epoch 7, ...)".
+std::string describe_timeout(const WaitContext& ctx, std::uint64_t seen, std::uint64_t wanted);
+
 // Memory this rank allocated and can share with peers. Owned; freed by the destructor.
 class LocalRegion {
  public:
   virtual ~LocalRegion() = default;
-  virtual void* data() const = 0;
+  virtual void* data() const = 0;  // the data part (size() bytes)
   virtual std::size_t size() const = 0;
+  virtual std::uint64_t* flags() const = 0;  // kFlagBytes of flag slots, zero-initialised
   // Opaque bytes that let a peer map this region (exchanged by the bootstrap).
   virtual std::string export_handle() const = 0;
   // Called once every peer has mapped the region (e.g. unlink a shared-memory name).
@@ -47,32 +64,52 @@ class PeerMapping {
   virtual ~PeerMapping() = default;
   virtual void* data() const = 0;
   virtual std::size_t size() const = 0;
+  virtual std::uint64_t* flags() const = 0;
 };
 
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual TransportKind kind() const = 0;
+  // The CUDA device whose memory this transport shares; -1 for host memory.
+  virtual int device() const { return -1; }
 
-  // `tag` makes names unique per job, group and buffer (the host transport uses it).
+  // `tag` makes names unique per job, group and buffer. `bytes` is the data part's size.
   virtual std::unique_ptr<LocalRegion> allocate(std::size_t bytes, const std::string& tag) = 0;
   virtual std::unique_ptr<PeerMapping> map_peer(const std::string& handle) = 0;
 
-  // Copy `bytes` from src to dst (either may be a peer mapping). Stream-ordered on cuda.
-  virtual void put(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) = 0;
-  // Publish `value` into a flag (local or a peer's), after all earlier puts on the stream.
-  virtual void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t stream) = 0;
-  // Block (host) or make the stream wait (cuda) until *flag >= value; throws kTimeout
-  // naming `ctx` once ctx.timeout_s has passed.
+  // NOTE [lanes]. fork() may be called once per op and stream; join() closes it.
+  virtual void fork(cudaStream_t stream, int lanes) = 0;
+  virtual void join(cudaStream_t stream) = 0;
+
+  // Copy `bytes` from src to dst (either may be a peer mapping), in order on `lane`.
+  virtual void put(void* dst, const void* src, std::size_t bytes, cudaStream_t stream,
+                   int lane) = 0;
+  // Publish `value` into a flag (local or a peer's), after all earlier puts on the lane.
+  virtual void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t stream, int lane) = 0;
+  // Block (host) or make the lane wait (cuda) until *flag >= value. A wait that has not been
+  // satisfied ctx.timeout_s after it started raises kTimeout naming `ctx`: at once on host,
+  // on cuda at the next call that checks (see raise_if_failed), with the lane released.
   virtual void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
-                    cudaStream_t stream) = 0;
-  // out[i] = sum_k in[k][i] with fp32 accumulation; in/out of `dtype` (bf16, fp16 or fp32).
+                    cudaStream_t stream, int lane) = 0;
+  // out[i] = sum_k in[k][i] with fp32 accumulation in input order; in/out of `dtype` (bf16,
+  // fp16 or fp32); on `stream` (lane 0).
   virtual void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count,
                       DType dtype, cudaStream_t stream) = 0;
-  // Make the host wait for everything issued on `stream` (no-op on host).
+  // Make the host wait for everything issued on `stream`, then raise_if_failed().
   virtual void synchronize(cudaStream_t stream) = 0;
+  // Raises the first asynchronous failure (a cuda wait that timed out) this transport has
+  // seen; after one, every op raises it: the group's buffers must be destroyed and recreated.
+  virtual void raise_if_failed() const {}
+  // Whether `stream` can be used by ops right now (cuda: not capturing a graph; see
+  // NOTE [graph capture] in the cuda transport). Throws kUnsupported with a reason if not.
+  virtual void check_stream(cudaStream_t /*stream*/) const {}
 };
 
 std::unique_ptr<Transport> make_host_transport();
+#ifdef OVERLAP_WITH_CUDA
+// The cuda transport on `device` (the CUDA ordinal this rank's tensors live on).
+std::unique_ptr<Transport> make_cuda_transport(int device);
+#endif
 
 }  // namespace overlap::comm

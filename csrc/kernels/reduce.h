@@ -34,4 +34,10 @@ float reduce_pointers_host(const void* const* inputs, DType dtype, std::size_t k
 float reduce_partials_host(const void* partials, DType dtype, std::size_t k, std::size_t n,
                            void* out, DType out_format, float scale);
 
+#ifdef OVERLAP_WITH_CUDA
+void reduce_pointers_cuda(const void* const* inputs, DType dtype, std::size_t k, std::size_t n,
+                          void* out, DType out_format, const float* scale, float* scale_inv,
+                          float* amax, int max_blocks, cudaStream_t stream);
+#endif
+
 }  // namespace overlap::kernels

@@ -4,8 +4,13 @@ A :class:`Communicator` binds a TP group (given as a :class:`~overlap.comm.Boots
 transport; :meth:`Communicator.create_buffer` runs the collective rendezvous that gives every
 rank a mapping of every peer's region. Collectives run on those buffers.
 
-Stream contract: on the cuda transport every op is enqueued on the caller's current stream
-and returns without synchronising the host. The host transport runs ops synchronously.
+NOTE [stream contract]: on the cuda transport every op waits for the work already issued on
+the current stream of its input's device, is enqueued there (its internal side streams fork
+from and join back to that stream), and returns without synchronising the host: results are
+ready for work issued later on the same stream. A wait that passes its deadline is released by
+the runtime's watchdog and raised as :class:`~overlap.errors.CommTimeoutError` by the next op
+or :meth:`SymmetricBuffer.synchronize`. The host transport runs ops synchronously and raises
+at once.
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ class SymmetricBuffer:
     Every op is COLLECTIVE: all ranks of the group call the same ops in the same order.
     """
 
-    def __init__(self, core: Any, name: str) -> None:
+    def __init__(self, core: Any, name: str, transport: Any) -> None:
         self._core = core
+        self._transport = transport
         self.name = name
 
     @property
@@ -68,6 +74,60 @@ class SymmetricBuffer:
     @property
     def destroyed(self) -> bool:
         return bool(self._core.destroyed)
+
+    def view(
+        self,
+        dtype: torch.dtype,
+        shape: tuple[int, ...] | list[int],
+        *,
+        offset: int = 0,
+        peer: int | None = None,
+    ) -> torch.Tensor:
+        """A tensor aliasing bytes of a rank's data region, without a copy (DLPack).
+
+        Args:
+            dtype: element type of the view (FP8 dtypes included).
+            shape: shape of the view; ``prod(shape) * dtype.itemsize`` bytes starting at
+                ``offset`` must lie inside the region, and ``offset`` must be a multiple of
+                the dtype's size.
+            offset: byte offset into the region.
+            peer: whose region (default: this rank's). A peer's region is mapped memory of
+                another GPU (or process): reading it is a remote read.
+
+        The view stays valid memory even after :meth:`destroy` (it keeps the region alive),
+        but its CONTENTS are only defined until the next op on this buffer: never save it
+        for backward (DESIGN.md invariant 2); copy it instead.
+        """
+        import torch
+
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(f"view shape {shape} has a negative dimension")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if offset < 0 or offset % itemsize:
+            raise InvalidArgumentError(
+                f"view offset {offset} must be a non-negative multiple of {dtype}'s size "
+                f"({itemsize} bytes)"
+            )
+        nbytes = itemsize
+        for d in shape:
+            nbytes *= d
+        peer = self.rank if peer is None else peer
+        capsule = self._core.view(peer, offset, nbytes)
+        return torch.from_dlpack(capsule).view(dtype).view(shape)
+
+    def synchronize(self) -> None:
+        """Wait on the host for the current stream, then raise any asynchronous failure
+        (a wait that timed out) of this buffer's communicator. No-op on the host transport."""
+        self._transport.synchronize(stream=self._current_stream())
+
+    def _current_stream(self) -> int:
+        device = self._transport.device
+        if device < 0:
+            return 0
+        import torch
+
+        return torch.cuda.current_stream(device).cuda_stream
 
     def all_gather(self, input: torch.Tensor, output: torch.Tensor | None = None) -> torch.Tensor:
         """Gather ``input`` of every rank.
@@ -112,8 +172,9 @@ class SymmetricBuffer:
         return output
 
     def barrier(self) -> None:
-        """Return once every rank of the group has entered the barrier."""
-        self._core.barrier()
+        """Every rank of the group has entered the barrier before work issued after it runs
+        (on cuda: stream-ordered on the current stream; the host does not block)."""
+        self._core.barrier(stream=self._current_stream())
 
     def destroy(self) -> None:
         """Unmap the peers and free the local region. Idempotent; not collective."""
@@ -155,6 +216,8 @@ class Communicator:
         group: the TP group's bootstrap (all its ranks must be on one host).
         transport: ``TransportKind.HOST`` (CPU tensors) or ``TransportKind.CUDA``.
         timeout_s: deadline of every wait (default ``OVERLAP_TIMEOUT_S``, 60 s).
+        device: the CUDA device of this rank (cuda transport only; default: torch's current
+            device). Tensors given to ops must live on it.
 
     Construction is COLLECTIVE over ``group``.
     """
@@ -165,6 +228,7 @@ class Communicator:
         transport: TransportKind | str = TransportKind.HOST,
         *,
         timeout_s: float | None = None,
+        device: int | None = None,
     ) -> None:
         try:
             self.transport = TransportKind(transport)
@@ -175,12 +239,7 @@ class Communicator:
         self.timeout_s = settings().timeout_s if timeout_s is None else float(timeout_s)
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s}")
-        if self.transport is TransportKind.CUDA:
-            from overlap.errors import UnsupportedHardwareError
-
-            raise UnsupportedHardwareError(
-                "the cuda transport is not implemented yet; use TransportKind.HOST"
-            )
+        self.device = self._resolve_device(device)
         self.group = group
         check_single_host(group, "a communicator's group")
         # NOTE [shm names]: a token from rank 0 makes names unique per job and group.
@@ -190,8 +249,38 @@ class Communicator:
         ).decode()
         self._tag = job
         self._counter = itertools.count()
-        self._core_transport = native().comm.make_host_transport()
+        if self.transport is TransportKind.CUDA:
+            self._core_transport = native().comm.make_cuda_transport(self.device)
+        else:
+            self._core_transport = native().comm.make_host_transport()
         self._buffers: list[SymmetricBuffer] = []
+
+    def _resolve_device(self, device: int | None) -> int:
+        """The CUDA ordinal of this rank (cuda), or -1 (host); validated before anything
+        collective happens."""
+        if self.transport is TransportKind.HOST:
+            if device is not None:
+                raise ConfigError("device= is only meaningful for the cuda transport")
+            return -1
+        from overlap._native import require_cuda
+
+        require_cuda("the cuda transport")
+        import torch
+
+        count = torch.cuda.device_count()
+        index = torch.cuda.current_device() if device is None else int(device)
+        if not 0 <= index < count:
+            raise ConfigError(f"device {device} does not exist: {count} CUDA devices visible")
+        return index
+
+    def synchronize(self) -> None:
+        """Wait for this rank's current stream and raise any asynchronous failure."""
+        stream = 0
+        if self.device >= 0:
+            import torch
+
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+        self._core_transport.synchronize(stream=stream)
 
     def create_buffer(self, nbytes: int, name: str = "") -> SymmetricBuffer:
         """COLLECTIVE: a symmetric buffer with ``nbytes`` of data per rank.
@@ -228,7 +317,7 @@ class Communicator:
             )
         self.group.barrier()  # every peer has mapped every region: names can go
         core.finish_rendezvous()
-        buf = SymmetricBuffer(core, name or f"buffer{index}")
+        buf = SymmetricBuffer(core, name or f"buffer{index}", self._core_transport)
         self._buffers.append(buf)
         return buf
 

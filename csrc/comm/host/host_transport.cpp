@@ -20,13 +20,15 @@ namespace {
 
 constexpr const char* kHandlePrefix = "host-shm-v1";
 
+// Segment layout: [flags: kFlagBytes][data].
 class HostRegion final : public LocalRegion {
  public:
-  HostRegion(const std::string& name, std::size_t bytes) : segment_(name, bytes) {
-    std::memset(segment_.data(), 0, bytes);  // flags start at epoch 0
+  HostRegion(const std::string& name, std::size_t bytes) : segment_(name, kFlagBytes + bytes) {
+    std::memset(segment_.data(), 0, kFlagBytes);  // flags start at epoch 0
   }
-  void* data() const override { return segment_.data(); }
-  std::size_t size() const override { return segment_.size(); }
+  void* data() const override { return static_cast<char*>(segment_.data()) + kFlagBytes; }
+  std::size_t size() const override { return segment_.size() - kFlagBytes; }
+  std::uint64_t* flags() const override { return static_cast<std::uint64_t*>(segment_.data()); }
   std::string export_handle() const override {
     std::ostringstream oss;
     oss << kHandlePrefix << ' ' << segment_.size() << ' ' << segment_.name();
@@ -40,9 +42,10 @@ class HostRegion final : public LocalRegion {
 
 class HostMapping final : public PeerMapping {
  public:
-  HostMapping(const std::string& name, std::size_t bytes) : mapping_(name, bytes) {}
-  void* data() const override { return mapping_.data(); }
-  std::size_t size() const override { return mapping_.size(); }
+  HostMapping(const std::string& name, std::size_t segment_bytes) : mapping_(name, segment_bytes) {}
+  void* data() const override { return static_cast<char*>(mapping_.data()) + kFlagBytes; }
+  std::size_t size() const override { return mapping_.size() - kFlagBytes; }
+  std::uint64_t* flags() const override { return static_cast<std::uint64_t*>(mapping_.data()); }
 
  private:
   ShmMapping mapping_;
@@ -61,23 +64,27 @@ class HostTransport final : public Transport {
     std::string prefix, name;
     std::size_t bytes = 0;
     iss >> prefix >> bytes >> name;
-    OVERLAP_CHECK(prefix == kHandlePrefix && !name.empty() && bytes > 0, kBootstrap,
+    OVERLAP_CHECK(prefix == kHandlePrefix && !name.empty() && bytes > kFlagBytes, kBootstrap,
                   "malformed host-transport handle '"
                       << handle << "': do all ranks use the host transport and one overlap build?");
     return std::make_unique<HostMapping>(name, bytes);
   }
 
-  void put(void* dst, const void* src, std::size_t bytes, cudaStream_t) override {
+  // Program order: every lane is the caller itself.
+  void fork(cudaStream_t, int) override {}
+  void join(cudaStream_t) override {}
+
+  void put(void* dst, const void* src, std::size_t bytes, cudaStream_t, int) override {
     if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
   }
 
-  void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t) override {
+  void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t, int) override {
     // Release: every earlier put is visible to a peer that acquires this value.
     __atomic_store_n(flag, value, __ATOMIC_RELEASE);
   }
 
-  void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
-            cudaStream_t) override {
+  void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx, cudaStream_t,
+            int) override {
     using Clock = std::chrono::steady_clock;
     if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
     const auto start = Clock::now();
@@ -88,12 +95,8 @@ class HostTransport final : public Transport {
       // Ranks may outnumber cores (tests oversubscribe): yield instead of burning a core.
       if (spins % 64 == 0) sched_yield();
       if (spins % 1024 == 0 && Clock::now() > deadline) {
-        OVERLAP_THROW(kTimeout, ctx.op << ": rank " << ctx.rank << " timed out after "
-                                       << ctx.timeout_s << " s waiting for peer " << ctx.peer
-                                       << " at step " << ctx.step << " (epoch " << ctx.epoch
-                                       << ", flag " << __atomic_load_n(flag, __ATOMIC_ACQUIRE)
-                                       << " < " << value
-                                       << "). Did the peer crash, or call a different op?");
+        OVERLAP_THROW(kTimeout,
+                      describe_timeout(ctx, __atomic_load_n(flag, __ATOMIC_ACQUIRE), value));
       }
     }
   }
@@ -114,10 +117,6 @@ class HostTransport final : public Transport {
 };
 
 }  // namespace
-
-const char* transport_name(TransportKind kind) {
-  return kind == TransportKind::kHost ? "host" : "cuda";
-}
 
 std::unique_ptr<Transport> make_host_transport() {
   return std::make_unique<HostTransport>();

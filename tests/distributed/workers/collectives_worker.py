@@ -1,7 +1,10 @@
-"""Host-transport collectives on symmetric buffers, checked against torch.distributed (gloo).
+"""Collectives on symmetric buffers, checked against torch.distributed (gloo, on CPU copies).
 
-Usage: collectives_worker.py <scenario> <tp_size>
-Scenarios: correctness, delayed, timeout, lifecycle, negative.
+Usage: collectives_worker.py <scenario> <tp_size> [host|cuda]
+Scenarios: correctness, delayed, timeout, lifecycle, negative, views, mismatch.
+
+On the cuda transport each rank uses ``cuda:<local rank>``; ops are stream-ordered and
+asynchronous, so results are compared after the current stream's work (``.cpu()`` syncs).
 """
 
 from __future__ import annotations
@@ -20,18 +23,30 @@ from overlap.errors import BootstrapError, CommTimeoutError, InvalidArgumentErro
 from overlap.launch import init_torch_distributed
 
 DTYPES = [torch.bfloat16, torch.float32, torch.uint8]  # uint8 stands for FP8 bytes
+DEVICE = torch.device("cpu")  # cuda:<local rank> on the cuda transport (set in main)
 
 
 def random_tensor(rows: int, cols: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     if dtype == torch.uint8:
-        return torch.randint(0, 256, (rows, cols), dtype=torch.uint8, generator=gen)
-    return torch.randn(rows, cols, generator=gen).to(dtype)
+        x = torch.randint(0, 256, (rows, cols), dtype=torch.uint8, generator=gen)
+    else:
+        x = torch.randn(rows, cols, generator=gen).to(dtype)
+    return x.to(DEVICE)
+
+
+def delay(seconds: float) -> None:
+    """Make this rank late: sleep on the host, or a spin kernel ahead of the op on cuda."""
+    if DEVICE.type == "cuda":
+        torch.cuda._sleep(int(seconds * 1.5e9))  # ~cycles at H200 clocks
+    else:
+        time.sleep(seconds)
 
 
 def reference_all_gather(tp: TorchBootstrap, x: torch.Tensor) -> torch.Tensor:
+    x = x.cpu()
     parts = [torch.empty_like(x) for _ in range(tp.size)]
     dist.all_gather(parts, x, group=tp.group)
-    return torch.cat([parts[g] for g in tp._order])
+    return torch.cat([parts[g] for g in tp._order]).to(DEVICE)
 
 
 def reference_reduce_scatter(tp: TorchBootstrap, x: torch.Tensor) -> torch.Tensor:
@@ -50,7 +65,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
         dtype = DTYPES[trial % len(DTYPES)]
         rows, cols = random.Random(trial).randrange(1, 40), random.Random(-trial).randrange(1, 77)
         x = random_tensor(rows, cols, dtype, gen)  # nbytes rarely a multiple of 16
-        out = torch.full((rows * tp.size, cols), 7, dtype=dtype)  # poisoned
+        out = torch.full((rows * tp.size, cols), 7, dtype=dtype, device=DEVICE)  # poisoned
         got = buf.all_gather(x, out)
         assert got is out
         assert torch.equal(got, reference_all_gather(tp, x)), f"all_gather mismatch {trial}"
@@ -72,13 +87,19 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     wants = [reference_all_gather(tp, x) for x in xs]
     rs_in = [random_tensor(32 * tp.size, 16, torch.bfloat16, gen) for _ in range(8)]
     rs_wants = [reference_reduce_scatter(tp, y) for y in rs_in]
-    for i, (x, want) in enumerate(zip(xs, wants, strict=True)):
+    # Issue everything first (on cuda the ops queue up behind the slow rank's spin kernels),
+    # then check: a fast rank must not have overwritten data a slow one was still reading.
+    got = []
+    for i, x in enumerate(xs):
         if tp.rank == slow:
-            time.sleep(0.05 * (i % 3))
-        assert torch.equal(buf.all_gather(x), want), f"all_gather {i} corrupted by a fast rank"
+            delay(0.05 * (i % 3))
+        got.append(buf.all_gather(x).clone())
         if tp.rank == slow:
-            time.sleep(0.03)
-        assert torch.equal(buf.reduce_scatter(rs_in[i]), rs_wants[i]), f"reduce_scatter {i}"
+            delay(0.03)
+        got.append(buf.reduce_scatter(rs_in[i]).clone())
+    for i in range(len(xs)):
+        assert torch.equal(got[2 * i], wants[i]), f"all_gather {i} corrupted by a fast rank"
+        assert torch.equal(got[2 * i + 1], rs_wants[i]), f"reduce_scatter {i}"
     buf.destroy()
 
 
@@ -92,7 +113,8 @@ def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     else:
         t0 = time.monotonic()
         try:
-            buf.all_gather(torch.ones(4))
+            buf.all_gather(torch.ones(4, device=DEVICE))
+            buf.synchronize()  # cuda: the op is asynchronous; the timeout surfaces here
         except CommTimeoutError as exc:
             elapsed = time.monotonic() - t0
             msg = str(exc)
@@ -101,6 +123,8 @@ def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
             assert f"peer {absent}" in msg or "peer" in msg, msg
         else:
             raise AssertionError("all_gather with an absent rank did not time out")
+        # After a timeout the communicator refuses further ops with the same typed error.
+        _worker.expect_raises(CommTimeoutError, "timed out", buf.barrier)
     buf.destroy()
 
 
@@ -109,10 +133,18 @@ def _shm_entries(comm: Communicator) -> set[str]:
     return {e for e in os.listdir("/dev/shm") if comm._tag in e}
 
 
+def _free_device_memory() -> int:
+    return torch.cuda.mem_get_info(DEVICE)[0] if DEVICE.type == "cuda" else 0
+
+
 def lifecycle(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
-    """200 create/destroy cycles leak neither /dev/shm names, file descriptors nor mappings."""
+    """200 create/destroy cycles leak neither device memory, /dev/shm names, file descriptors
+    nor mappings."""
+    warm = comm.create_buffer(4096)  # first use initialises CUDA state that stays
+    warm.destroy()
     tp.barrier()
     before_fds = len(os.listdir("/proc/self/fd"))
+    before_free = _free_device_memory()
     for i in range(200):
         buf = comm.create_buffer(4096 + 64 * (i % 5))
         if i % 50 == 0:
@@ -128,6 +160,9 @@ def lifecycle(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> N
     assert len(os.listdir("/proc/self/fd")) == before_fds
     with open("/proc/self/maps") as f:
         assert "overlap-" not in f.read(), "a shared-memory mapping survived destroy()"
+    # Each buffer is at least one 2 MiB device page: 200 leaked ones would show.
+    leaked = before_free - _free_device_memory()
+    assert leaked < 16 << 20, f"{leaked} bytes of device memory leaked over 200 cycles"
 
 
 def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
@@ -136,20 +171,32 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     _worker.expect_raises(
         BootstrapError, "different sizes", lambda: comm.create_buffer(4096 + tp.rank * 64)
     )
-    big = torch.zeros(4096 // tp.size + 1, dtype=torch.uint8)
+    big = torch.zeros(4096 // tp.size + 1, dtype=torch.uint8, device=DEVICE)
     _worker.expect_raises(InvalidArgumentError, "exceed the buffer", lambda: keep.all_gather(big))
     _worker.expect_raises(
-        InvalidArgumentError, "must be contiguous", lambda: keep.all_gather(torch.ones(4, 4).t())
+        InvalidArgumentError,
+        "must be contiguous",
+        lambda: keep.all_gather(torch.ones(4, 4, device=DEVICE).t()),
     )
     _worker.expect_raises(
         InvalidArgumentError,
         "divisible by the group size",
-        lambda: keep.reduce_scatter(torch.ones(tp.size * 2 + 1)),
+        lambda: keep.reduce_scatter(torch.ones(tp.size * 2 + 1, device=DEVICE)),
     )
     _worker.expect_raises(
         InvalidArgumentError,
         "not supported",
-        lambda: keep.reduce_scatter(torch.ones(tp.size * 2, dtype=torch.float64)),
+        lambda: keep.reduce_scatter(torch.ones(tp.size * 2, dtype=torch.float64, device=DEVICE)),
+    )
+    if DEVICE.type == "cuda":  # a host tensor given to the cuda transport
+        _worker.expect_raises(
+            InvalidArgumentError, "move the tensor", lambda: keep.all_gather(torch.ones(4))
+        )
+    _worker.expect_raises(
+        InvalidArgumentError, "outside the buffer", lambda: keep.view(torch.uint8, (4097,))
+    )
+    _worker.expect_raises(
+        InvalidArgumentError, "multiple of", lambda: keep.view(torch.float32, (2,), offset=2)
     )
     # The buffer still works after every rejected call.
     x = random_tensor(8, 8, torch.float32, gen)
@@ -159,18 +206,68 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     _worker.expect_raises(InvalidArgumentError, "positive int", lambda: comm.create_buffer(0))
 
 
+def views(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """DLPack views alias the regions: own and peers', no copy, alive after destroy()."""
+    buf = comm.create_buffer(1 << 16)
+    x = random_tensor(16, 24, torch.bfloat16, gen)
+    want = reference_all_gather(tp, x)
+    buf.all_gather(x)
+    for peer in range(tp.size):  # after an all-gather every region holds the whole result
+        v = buf.view(torch.bfloat16, want.shape, peer=peer)
+        assert v.device == x.device and torch.equal(v, want), f"view of peer {peer}"
+    # A view aliases the region: what an op writes shows through it.
+    mine = buf.view(torch.bfloat16, x.shape, offset=tp.rank * x.numel() * 2)
+    fp8 = buf.view(torch.float8_e4m3fn, (8,), offset=64)
+    assert fp8.dtype == torch.float8_e4m3fn
+    y = random_tensor(16, 24, torch.bfloat16, gen)
+    buf.all_gather(y)
+    assert torch.equal(mine, y), "a view did not alias the region"
+    buf.destroy()
+    assert torch.equal(mine, y), "a view's memory did not outlive destroy()"
+    del mine, v, fp8
+
+
+def mismatch(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """Ranks calling different collectives (or sizes) get a typed error naming both calls."""
+    buf = comm.create_buffer(1 << 16)
+    first_half = tp.rank < tp.size // 2
+    x = random_tensor(4 * tp.size, 8, torch.float32, gen)
+    _worker.expect_raises(
+        StateError,
+        "collective mismatch",
+        lambda: buf.all_gather(x) if first_half else buf.reduce_scatter(x),
+    )
+    rows = 4 + (tp.rank == 0)
+    _worker.expect_raises(
+        StateError,
+        "different sizes",
+        lambda: buf.all_gather(random_tensor(rows, 8, torch.float32, gen)),
+    )
+    # The buffer still works once every rank calls the same op again.
+    x = random_tensor(8, 8, torch.float32, gen)
+    assert torch.equal(buf.all_gather(x), reference_all_gather(tp, x))
+    buf.destroy()
+
+
 def main() -> None:
+    global DEVICE  # noqa: PLW0603 - one device per worker process, set once here
     scenario, tp_size = sys.argv[1], int(sys.argv[2])
+    transport = sys.argv[3] if len(sys.argv) > 3 else "host"
     launch = init_torch_distributed("gloo")
+    if transport == "cuda":
+        DEVICE = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(DEVICE)
     tp = tp_subgroup(TorchBootstrap(), tp_size)
     gen = torch.Generator().manual_seed(1234 + launch.rank)
-    comm = Communicator(tp, "host", timeout_s=30)
+    comm = Communicator(tp, transport, timeout_s=30)
     {
         "correctness": correctness,
         "delayed": delayed,
         "timeout": timeout,
         "lifecycle": lifecycle,
         "negative": negative,
+        "views": views,
+        "mismatch": mismatch,
     }[scenario](comm, tp, gen)
     comm.destroy()
 

@@ -1,0 +1,231 @@
+// The cuda transport: device memory shared by CUDA IPC, copy-engine puts, flags in pinned
+// host memory written and awaited by stream memory operations.
+//
+// NOTE [cuda transport design]:
+// - Data: each rank cudaMallocs its region and exports a CUDA IPC handle; peers open it with
+//   peer access enabled. Puts are cudaMemcpyAsync to/from the mapped pointers: the copy
+//   engines move the bytes over NVLink and no SM is used.
+// - Flags: the flag page of each region is a POSIX shared-memory page (like the host
+//   transport's) that every rank maps and registers with CUDA (NOTE [flags in host memory]).
+//   signal() is cuStreamWriteValue64 with its default memory barrier, so a peer that sees the
+//   value also sees every earlier put of the lane; wait() is cuStreamWaitValue64 (GEQ),
+//   which the GPU's front end polls without any SM. Because the host can read and write the
+//   flags directly, a wait whose peer never comes can be released by the host (NOTE
+//   [watchdog]) and op records can be checked at issue time (NOTE [op records]).
+// - No multicast objects, no multimem instructions, ever (DESIGN.md invariant 6).
+//
+// NOTE [graph capture]: flags carry absolute epochs. A captured op would replay the epochs it
+// was captured with, which breaks the buffer-reuse protocol, so ops on a capturing stream are
+// refused with a clear error until a replay-safe signalling scheme exists.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <sstream>
+#include <vector>
+
+#include "comm/cuda/cuda_memory.h"
+#include "comm/cuda/lanes.h"
+#include "comm/cuda/watchdog.h"
+#include "comm/host/shm_region.h"
+#include "comm/transport.h"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/device_guard.h"
+#include "common/cuda/driver_api.h"
+#include "common/errors.h"
+#include "common/lifecycle.h"
+#include "kernels/reduce.h"
+
+namespace overlap::comm {
+
+namespace {
+
+constexpr const char* kHandlePrefix = "cuda-ipc-v1";
+
+CUdeviceptr device_ptr(const void* p) {
+  return reinterpret_cast<CUdeviceptr>(p);
+}
+
+// The flag page of a region: a shared-memory page registered with CUDA.
+struct FlagPage {
+  ShmSegment segment;
+  cuda::HostRegistration registration;
+  explicit FlagPage(const std::string& name)
+      : segment(name, kFlagBytes), registration(segment.data(), kFlagBytes) {}
+};
+
+class CudaRegion final : public LocalRegion {
+ public:
+  CudaRegion(int device, std::size_t bytes, const std::string& tag,
+             std::shared_ptr<cuda::Watchdog> watchdog)
+      : watchdog_(std::move(watchdog)), memory_(device, bytes), flags_("/overlap-" + tag) {}
+
+  ~CudaRegion() override {
+    // NOTE [destroy while in flight]: ops may still be queued on the GPU against this memory.
+    // Wait for the device (a stuck wait is released by the watchdog), then stop watching our
+    // flags, then free in reverse order of acquisition.
+    if (!process_finalizing()) {
+      DeviceGuard guard(memory_.device());
+      OVERLAP_WARN_CUDA(cudaDeviceSynchronize());
+    }
+    watchdog_->forget(flags_.segment.data(), kFlagBytes);
+  }
+
+  void* data() const override { return memory_.data(); }
+  std::size_t size() const override { return memory_.size(); }
+  std::uint64_t* flags() const override {
+    return static_cast<std::uint64_t*>(flags_.segment.data());
+  }
+  std::string export_handle() const override {
+    std::ostringstream oss;
+    oss << kHandlePrefix << ' ' << memory_.size() << ' ' << memory_.export_ipc_handle() << ' '
+        << flags_.segment.name();
+    return oss.str();
+  }
+  void on_all_peers_mapped() override { flags_.segment.unlink(); }
+
+ private:
+  std::shared_ptr<cuda::Watchdog> watchdog_;
+  cuda::DeviceAllocation memory_;
+  FlagPage flags_;
+};
+
+class CudaMapping final : public PeerMapping {
+ public:
+  CudaMapping(int device, std::size_t bytes, const std::string& ipc, const std::string& shm)
+      : bytes_(bytes),
+        memory_(device, ipc),
+        flags_(shm, kFlagBytes),
+        registration_(flags_.data(), kFlagBytes) {}
+  void* data() const override { return memory_.data(); }
+  std::size_t size() const override { return bytes_; }
+  std::uint64_t* flags() const override { return static_cast<std::uint64_t*>(flags_.data()); }
+
+ private:
+  std::size_t bytes_;
+  cuda::IpcMapping memory_;
+  ShmMapping flags_;
+  cuda::HostRegistration registration_;
+};
+
+class CudaTransport final : public Transport {
+ public:
+  explicit CudaTransport(int device)
+      : device_(device), watchdog_(std::make_shared<cuda::Watchdog>()), lanes_(device) {
+    check_device_capabilities();
+  }
+
+  TransportKind kind() const override { return TransportKind::kCuda; }
+  int device() const override { return device_; }
+
+  std::unique_ptr<LocalRegion> allocate(std::size_t bytes, const std::string& tag) override {
+    return std::make_unique<CudaRegion>(device_, bytes, tag, watchdog_);
+  }
+
+  std::unique_ptr<PeerMapping> map_peer(const std::string& handle) override {
+    std::istringstream iss(handle);
+    std::string prefix, ipc, shm;
+    std::size_t bytes = 0;
+    iss >> prefix >> bytes >> ipc >> shm;
+    OVERLAP_CHECK(prefix == kHandlePrefix && bytes > 0 && !shm.empty(), kBootstrap,
+                  "malformed cuda-transport handle '"
+                      << handle << "': do all ranks use the cuda transport and one overlap build?");
+    return std::make_unique<CudaMapping>(device_, bytes, ipc, shm);
+  }
+
+  void fork(cudaStream_t stream, int lanes) override {
+    DeviceGuard guard(device_);
+    lanes_.fork(stream, lanes);
+  }
+
+  void join(cudaStream_t stream) override {
+    DeviceGuard guard(device_);
+    lanes_.join(stream);
+  }
+
+  void put(void* dst, const void* src, std::size_t bytes, cudaStream_t stream, int lane) override {
+    if (dst == src || bytes == 0) return;
+    DeviceGuard guard(device_);
+    OVERLAP_CHECK_CUDA(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lanes_.stream(stream, lane)));
+  }
+
+  void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t stream, int lane) override {
+    DeviceGuard guard(device_);
+    // Default flags: a memory barrier orders every earlier write of the lane before this one.
+    OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(lanes_.stream(stream, lane), device_ptr(flag),
+                                                   value, CU_STREAM_WRITE_VALUE_DEFAULT));
+  }
+
+  void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
+            cudaStream_t stream, int lane) override {
+    // Already satisfied (the peer is ahead): nothing to enqueue. Flags only grow.
+    if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
+    DeviceGuard guard(device_);
+    CUstream s = lanes_.stream(stream, lane);
+    const cuda::Watchdog::Ticket ticket = watchdog_->arm(flag, value, ctx);
+    OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(s, device_ptr(ticket.marker), ticket.seq,
+                                                   CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER));
+    OVERLAP_CHECK_CU(
+        driver().cuStreamWaitValue64(s, device_ptr(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
+  }
+
+  void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,
+              cudaStream_t stream) override {
+    DeviceGuard guard(device_);
+    kernels::reduce_pointers_cuda(inputs, dtype, static_cast<std::size_t>(num_inputs), count, out,
+                                  dtype, nullptr, nullptr, nullptr, /*max_blocks=*/0, stream);
+  }
+
+  void synchronize(cudaStream_t stream) override {
+    DeviceGuard guard(device_);
+    // Returns even when a peer never comes: the watchdog releases stuck waits.
+    OVERLAP_CHECK_CUDA(cudaStreamSynchronize(stream));
+    watchdog_->raise_if_failed();
+  }
+
+  void raise_if_failed() const override { watchdog_->raise_if_failed(); }
+
+  void check_stream(cudaStream_t stream) const override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    OVERLAP_CHECK_CUDA(cudaStreamIsCapturing(stream, &status));
+    OVERLAP_CHECK(status == cudaStreamCaptureStatusNone, kUnsupported,
+                  "communication ops cannot be captured into a CUDA graph yet (their flags "
+                  "carry absolute epochs that a replay would repeat); run them eagerly");
+  }
+
+ private:
+  void check_device_capabilities() const {
+    int count = 0;
+    OVERLAP_CHECK_CUDA(cudaGetDeviceCount(&count));
+    OVERLAP_CHECK(device_ >= 0 && device_ < count, kConfig,
+                  "cuda:" << device_ << " does not exist (" << count << " visible GPUs)");
+    int host_ptr = 0;
+    OVERLAP_CHECK_CUDA(
+        cudaDeviceGetAttribute(&host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, device_));
+    OVERLAP_CHECK(host_ptr != 0, kUnsupported,
+                  "cuda:" << device_
+                          << " cannot use host pointers of registered memory; the cuda "
+                             "transport keeps its flags there (NOTE [flags in host memory])");
+    CUdevice dev = 0;
+    OVERLAP_CHECK_CU(driver().cuDeviceGet(&dev, device_));
+    int memops = 0;
+    OVERLAP_CHECK_CU(driver().cuDeviceGetAttribute(
+        &memops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev));
+    OVERLAP_CHECK(memops != 0, kUnsupported,
+                  "cuda:" << device_
+                          << " does not support 64-bit stream memory operations, which the "
+                             "cuda transport's signals use; update the NVIDIA driver");
+  }
+
+  int device_;
+  std::shared_ptr<cuda::Watchdog> watchdog_;
+  cuda::Lanes lanes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_cuda_transport(int device) {
+  return std::make_unique<CudaTransport>(device);
+}
+
+}  // namespace overlap::comm

@@ -1,0 +1,80 @@
+// The deadline of every stream-ordered wait of the cuda transport.
+//
+// NOTE [watchdog]: a cuda wait is a stream memory operation (cuStreamWaitValue64) that the GPU's
+// front end polls; it uses no SM and has no timeout of its own. Before each wait the stream
+// writes the wait's sequence number into a "reached" marker in pinned host memory, so the
+// watchdog thread knows when the GPU actually started waiting (the deadline counts from
+// there, not from when the host enqueued it: a long GEMM ahead in the stream is not a hang).
+// A wait still unsatisfied `timeout_s` later is a timeout: the watchdog logs it at once (never
+// a silent hang), records it for raise_if_failed(), and releases EVERY pending wait of the
+// transport by storing the awaited value into its flag (flags live in host memory, NOTE
+// [flags in host memory]), so that the GPU drains instead of spinning forever after the host
+// has given up. The transport is failed from then on: its buffers must be recreated.
+//
+// The watchdog makes no CUDA calls: it only reads and writes host memory, so it is safe at
+// any point of the process's life.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/cuda/cuda_memory.h"
+#include "comm/transport.h"
+
+namespace overlap::comm::cuda {
+
+class Watchdog {
+ public:
+  // Markers form a ring: a wait's marker is reused `kMarkers` waits later.
+  static constexpr std::size_t kMarkers = 4096;
+
+  Watchdog();
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  struct Ticket {
+    std::uint64_t* marker;  // the stream writes `seq` here right before waiting
+    std::uint64_t seq;
+  };
+  // Registers a wait for *flag >= value about to be enqueued; `flag` is in host memory.
+  Ticket arm(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx);
+  // Drops pending waits whose flag lies in [begin, begin + bytes) (the flags are unmapped).
+  void forget(const void* begin, std::size_t bytes);
+  // Throws kTimeout with the first timeout's message, if there was one.
+  void raise_if_failed() const;
+  bool failed() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Pending {
+    std::uint64_t* flag;
+    std::uint64_t value;
+    WaitContext ctx;  // ctx.op is not used: it may not outlive the call to arm()
+    std::string op;
+    std::uint64_t seq;
+    bool reached = false;
+    Clock::time_point reached_at{};
+  };
+
+  void run();
+  // Called with mu_ held: records the failure and releases every pending wait.
+  void fail(const Pending& p, std::uint64_t seen);
+
+  PinnedHostMemory markers_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Pending> pending_;
+  std::uint64_t next_seq_ = 1;
+  std::string failure_;
+  bool stop_ = false;
+  std::thread thread_;  // started by the first arm()
+};
+
+}  // namespace overlap::comm::cuda

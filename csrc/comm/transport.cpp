@@ -1,0 +1,20 @@
+#include "comm/transport.h"
+
+#include <sstream>
+
+namespace overlap::comm {
+
+const char* transport_name(TransportKind kind) {
+  return kind == TransportKind::kHost ? "host" : "cuda";
+}
+
+std::string describe_timeout(const WaitContext& ctx, std::uint64_t seen, std::uint64_t wanted) {
+  std::ostringstream oss;
+  oss << ctx.op << ": rank " << ctx.rank << " timed out after " << ctx.timeout_s
+      << " s waiting for peer " << ctx.peer << " at step " << ctx.step << " (epoch " << ctx.epoch
+      << ", flag " << seen << " < " << wanted
+      << "). Did the peer crash, hang, or call a different op?";
+  return oss.str();
+}
+
+}  // namespace overlap::comm
