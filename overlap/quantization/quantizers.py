@@ -384,9 +384,14 @@ class Quantizer(abc.ABC):
         if out is not None:
             self._check_out(out, x, row, col)
             out_parts = _Parts(*out.tensors())
-        parts = self._quantize_2d(
-            x2d, rowwise=row, columnwise=col, amax_group=reducer, out=out_parts
-        )
+        if x2d.numel() == 0:
+            parts = self._quantize_empty(
+                x2d, rowwise=row, columnwise=col, amax_group=reducer, out=out_parts
+            )
+        else:
+            parts = self._quantize_2d(
+                x2d, rowwise=row, columnwise=col, amax_group=reducer, out=out_parts
+            )
         if out is not None:
             return out
         return QuantizedTensor(
@@ -420,6 +425,48 @@ class Quantizer(abc.ABC):
                 f"columnwise={out.has_columnwise} but this call produces rowwise={row}, "
                 f"columnwise={col}; a direction of out that is not rewritten would be stale"
             )
+
+    def _quantize_empty(
+        self,
+        x2d: torch.Tensor,
+        *,
+        rowwise: bool,
+        columnwise: bool,
+        amax_group: AmaxReducer | None,
+        out: _Parts | None,
+    ) -> _Parts:
+        """An input with no elements (e.g. an MoE expert without tokens): empty data, unit
+        scales. The amax group still takes part in the reduction (with amax 0), so that the
+        other ranks of a collective never wait for this one."""
+        import torch
+
+        self._empty_amax(x2d.new_zeros(1, dtype=torch.float32), amax_group)
+        if out is not None:
+            return out
+        m, k = x2d.shape
+        made: list[torch.Tensor | None] = []
+        for col, wanted in ((False, rowwise), (True, columnwise)):
+            fmt = self.formats[col]
+            shape = fmt.scale_shape(col, m, k)
+            if not wanted:
+                made += [None, None]
+            elif fmt.fp8 is None:
+                dtype = getattr(self.config, "dtype", None) or x2d.dtype
+                made += [x2d.new_empty(fmt.data_shape(col, m, k), dtype=dtype), None]
+            else:
+                mx = fmt.mode in (ScalingMode.MXFP8_ROWWISE, ScalingMode.MXFP8_COLUMNWISE)
+                scales = x2d.new_full(
+                    shape or (1,),
+                    127 if mx else 1.0,  # E8M0 byte 127 is 2**0
+                    dtype=torch.uint8 if mx else torch.float32,
+                )
+                data = x2d.new_empty(fmt.data_shape(col, m, k), dtype=fmt.fp8.torch_dtype)
+                made += [data, scales]
+        return _Parts(*made)
+
+    def _empty_amax(self, amax: torch.Tensor, amax_group: AmaxReducer | None) -> None:
+        """Take part in the amax reduction of an empty input (per-tensor formats)."""
+        return None
 
     @abc.abstractmethod
     def _quantize_2d(
@@ -507,6 +554,10 @@ class CurrentScalingQuantizer(_PerTensorQuantizer):
     ) -> None:
         super().__init__(config or CurrentScalingConfig(), rowwise=rowwise, columnwise=columnwise)
 
+    def _empty_amax(self, amax: torch.Tensor, amax_group: AmaxReducer | None) -> None:
+        if amax_group is not None:
+            amax_group.all_reduce_max(amax)
+
     def _quantize_2d(
         self,
         x2d: torch.Tensor,
@@ -586,6 +637,11 @@ class DelayedScalingQuantizer(_PerTensorQuantizer):
             amax_group.all_reduce_max(amax)
         self.update_scale(amax)
         return parts
+
+    def _empty_amax(self, amax: torch.Tensor, amax_group: AmaxReducer | None) -> None:
+        if amax_group is not None:
+            amax_group.all_reduce_max(amax)
+        self.update_scale(amax)
 
     def update_scale(self, amax: torch.Tensor) -> None:
         """Record ``amax`` (float32 ``[1]``, already reduced over the group) as the most recent
@@ -782,6 +838,28 @@ class HybridQuantizer(Quantizer):
     @property
     def uses_amax_group(self) -> bool:
         return self.rowwise_quantizer.uses_amax_group or self.columnwise_quantizer.uses_amax_group
+
+    def _quantize_empty(
+        self,
+        x2d: torch.Tensor,
+        *,
+        rowwise: bool,
+        columnwise: bool,
+        amax_group: AmaxReducer | None,
+        out: _Parts | None,
+    ) -> _Parts:
+        import torch
+
+        # Each sub-quantizer takes part in the reductions it would make for a non-empty input.
+        for wanted, q in (
+            (rowwise, self.rowwise_quantizer),
+            (columnwise, self.columnwise_quantizer),
+        ):
+            if wanted:
+                q._empty_amax(x2d.new_zeros(1, dtype=torch.float32), amax_group)
+        return Quantizer._quantize_empty(
+            self, x2d, rowwise=rowwise, columnwise=columnwise, amax_group=None, out=out
+        )
 
     def _quantize_2d(
         self,

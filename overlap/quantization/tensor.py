@@ -296,6 +296,10 @@ class QuantizedTensor:
             )
         fmt = self._formats[columnwise]
         dtype = dtype or self._dtype
+        if data.numel() == 0:
+            import torch
+
+            return torch.empty(self._shape, dtype=dtype, device=data.device)
         if fmt.mode is None:
             out = data.to(dtype)
         else:
