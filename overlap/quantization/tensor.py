@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from overlap.errors import InvalidArgumentError, StateError
+from overlap.errors import ConfigError, InvalidArgumentError, StateError
 from overlap.quantization import ops
 from overlap.quantization.formats import DirectionFormat
 
@@ -512,7 +512,10 @@ class QuantizedTensor:
                 raise InvalidArgumentError(
                     f"{_name(col)}_format must be a DirectionFormat, got {fmt!r}"
                 )
-            fmt.check_direction(col)
+            try:
+                fmt.check_direction(col)
+            except ConfigError as e:
+                raise InvalidArgumentError(f"QuantizedTensor: {e}") from None
             where = f"QuantizedTensor {_name(col)}"
             if data is None:
                 if s is not None:
