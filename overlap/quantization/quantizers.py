@@ -32,7 +32,7 @@ import copy
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from overlap.errors import ConfigError, InvalidArgumentError
 from overlap.quantization import ops
@@ -67,6 +67,15 @@ __all__ = [
 # BlockScaledFP8 tuple has exactly these fields; per-tensor formats use it too.
 _Parts = BlockScaledFP8
 _NO_PARTS = _Parts(None, None, None, None)
+
+
+class _Request(NamedTuple):
+    """What one quantization must produce, handed to the format-specific code."""
+
+    rowwise: bool
+    columnwise: bool
+    amax_group: AmaxReducer | None
+    out: _Parts | None  # tensors to write into (exactly the requested directions)
 
 
 class AmaxComputeAlgo(enum.Enum):
@@ -270,14 +279,19 @@ class Quantizer(abc.ABC):
     """Base class: usage flags, argument checks and assembly of the :class:`QuantizedTensor`.
 
     Args:
-        config: the quantizer's frozen config (kept as :attr:`config`).
+        config: the quantizer's frozen config (kept as :attr:`config`), an instance of
+            :attr:`config_type`; None: that type's defaults.
         rowwise: produce rowwise data by default.
         columnwise: produce columnwise data by default.
     """
 
     config_type: type = object
 
-    def __init__(self, config: Any, *, rowwise: bool = True, columnwise: bool = True) -> None:
+    def __init__(
+        self, config: Any = None, *, rowwise: bool = True, columnwise: bool = True
+    ) -> None:
+        if config is None:
+            config = self.config_type()
         if not isinstance(config, self.config_type):
             raise ConfigError(
                 f"{type(self).__name__} takes a {self.config_type.__name__}, got "
@@ -292,18 +306,16 @@ class Quantizer(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def rowwise_format(self) -> DirectionFormat:
-        """Format of the rowwise data this quantizer makes."""
-
-    @property
-    @abc.abstractmethod
-    def columnwise_format(self) -> DirectionFormat:
-        """Format of the columnwise data this quantizer makes."""
-
-    @property
     def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
-        """``(rowwise_format, columnwise_format)``."""
-        return (self.rowwise_format, self.columnwise_format)
+        """``(rowwise_format, columnwise_format)`` of the data this quantizer makes."""
+
+    @property
+    def rowwise_format(self) -> DirectionFormat:
+        return self.formats[0]
+
+    @property
+    def columnwise_format(self) -> DirectionFormat:
+        return self.formats[1]
 
     @property
     def uses_amax_group(self) -> bool:
@@ -384,14 +396,8 @@ class Quantizer(abc.ABC):
         if out is not None:
             self._check_out(out, x, row, col)
             out_parts = _Parts(*out.tensors())
-        if x2d.numel() == 0:
-            parts = self._quantize_empty(
-                x2d, rowwise=row, columnwise=col, amax_group=reducer, out=out_parts
-            )
-        else:
-            parts = self._quantize_2d(
-                x2d, rowwise=row, columnwise=col, amax_group=reducer, out=out_parts
-            )
+        req = _Request(row, col, reducer, out_parts)
+        parts = self._quantize_empty(x2d, req) if x2d.numel() == 0 else self._quantize_2d(x2d, req)
         if out is not None:
             return out
         return QuantizedTensor(
@@ -426,26 +432,18 @@ class Quantizer(abc.ABC):
                 f"columnwise={col}; a direction of out that is not rewritten would be stale"
             )
 
-    def _quantize_empty(
-        self,
-        x2d: torch.Tensor,
-        *,
-        rowwise: bool,
-        columnwise: bool,
-        amax_group: AmaxReducer | None,
-        out: _Parts | None,
-    ) -> _Parts:
+    def _quantize_empty(self, x2d: torch.Tensor, req: _Request) -> _Parts:
         """An input with no elements (e.g. an MoE expert without tokens): empty data, unit
         scales. The amax group still takes part in the reduction (with amax 0), so that the
         other ranks of a collective never wait for this one."""
         import torch
 
-        self._empty_amax(x2d.new_zeros(1, dtype=torch.float32), amax_group)
-        if out is not None:
-            return out
+        self._empty_amax(x2d.new_zeros(1, dtype=torch.float32), req.amax_group)
+        if req.out is not None:
+            return req.out
         m, k = x2d.shape
         made: list[torch.Tensor | None] = []
-        for col, wanted in ((False, rowwise), (True, columnwise)):
+        for col, wanted in ((False, req.rowwise), (True, req.columnwise)):
             fmt = self.formats[col]
             shape = fmt.scale_shape(col, m, k)
             if not wanted:
@@ -469,15 +467,7 @@ class Quantizer(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def _quantize_2d(
-        self,
-        x2d: torch.Tensor,
-        *,
-        rowwise: bool,
-        columnwise: bool,
-        amax_group: AmaxReducer | None,
-        out: _Parts | None,
-    ) -> _Parts:
+    def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
         """Quantize the contiguous ``[M, K]`` matrix into the requested directions (into
         ``out``'s tensors when given)."""
 
@@ -492,50 +482,50 @@ def _cast_per_tensor(
     x2d: torch.Tensor,
     scale: torch.Tensor,
     fp8: Fp8Format,
-    *,
-    rowwise: bool,
-    columnwise: bool,
-    out: _Parts | None,
+    req: _Request,
     amax: torch.Tensor | None = None,
 ) -> _Parts:
     """Per-tensor cast of ``x2d`` with ``scale`` into the requested directions; the scale_inv
     is a tensor of its own (never the quantizer's state), shared by both directions."""
-    o = out or _NO_PARTS
+    o = req.out or _NO_PARTS
     s_inv = o.rowwise_scale_inv if o.rowwise_scale_inv is not None else o.columnwise_scale_inv
-    if columnwise:
-        data, data_t, s_inv = ops.cast_transpose(
-            x2d,
-            scale,
-            fp8_dtype=fp8.torch_dtype,
-            rowwise=rowwise,
-            out=o.rowwise_data,
-            out_t=o.columnwise_data,
-            scale_inv=s_inv,
-            amax=amax,
+    if not req.columnwise:
+        data, s_inv = ops.cast_to_fp8(
+            x2d, scale, fp8_dtype=fp8.torch_dtype, out=o.rowwise_data, scale_inv=s_inv, amax=amax
         )
-        col_s_inv = s_inv
-        if o.columnwise_scale_inv is not None and o.columnwise_scale_inv is not s_inv:
-            o.columnwise_scale_inv.copy_(s_inv)
-            col_s_inv = o.columnwise_scale_inv
-        return _Parts(data, s_inv if rowwise else None, data_t, col_s_inv)
-    data, s_inv = ops.cast_to_fp8(
-        x2d, scale, fp8_dtype=fp8.torch_dtype, out=o.rowwise_data, scale_inv=s_inv, amax=amax
+        return _Parts(data, s_inv, None, None)
+    data, data_t, s_inv = ops.cast_transpose(
+        x2d,
+        scale,
+        fp8_dtype=fp8.torch_dtype,
+        rowwise=req.rowwise,
+        out=o.rowwise_data,
+        out_t=o.columnwise_data,
+        scale_inv=s_inv,
+        amax=amax,
     )
-    return _Parts(data, s_inv, None, None)
+    col_s_inv = s_inv
+    if o.columnwise_scale_inv is not None and o.columnwise_scale_inv is not s_inv:
+        o.columnwise_scale_inv.copy_(s_inv)
+        col_s_inv = o.columnwise_scale_inv
+    return _Parts(data, s_inv if req.rowwise else None, data_t, col_s_inv)
 
 
 class _PerTensorQuantizer(Quantizer):
-    @property
-    def rowwise_format(self) -> DirectionFormat:
-        return DirectionFormat(ScalingMode.TENSOR, self.config.fp8)
+    """Per-tensor FP8: one scale for the whole tensor, shared by the amax group."""
 
     @property
-    def columnwise_format(self) -> DirectionFormat:
-        return DirectionFormat(ScalingMode.TENSOR, self.config.fp8)
+    def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
+        fmt = DirectionFormat(ScalingMode.TENSOR, self.config.fp8)
+        return (fmt, fmt)
 
     @property
     def uses_amax_group(self) -> bool:
         return True
+
+    def _empty_amax(self, amax: torch.Tensor, amax_group: AmaxReducer | None) -> None:
+        if amax_group is not None:
+            amax_group.all_reduce_max(amax)
 
 
 class CurrentScalingQuantizer(_PerTensorQuantizer):
@@ -545,32 +535,11 @@ class CurrentScalingQuantizer(_PerTensorQuantizer):
 
     config_type = CurrentScalingConfig
 
-    def __init__(
-        self,
-        config: CurrentScalingConfig | None = None,
-        *,
-        rowwise: bool = True,
-        columnwise: bool = True,
-    ) -> None:
-        super().__init__(config or CurrentScalingConfig(), rowwise=rowwise, columnwise=columnwise)
-
-    def _empty_amax(self, amax: torch.Tensor, amax_group: AmaxReducer | None) -> None:
-        if amax_group is not None:
-            amax_group.all_reduce_max(amax)
-
-    def _quantize_2d(
-        self,
-        x2d: torch.Tensor,
-        *,
-        rowwise: bool,
-        columnwise: bool,
-        amax_group: AmaxReducer | None,
-        out: _Parts | None,
-    ) -> _Parts:
+    def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
         cfg: CurrentScalingConfig = self.config
         amax = ops.amax(x2d)
-        if amax_group is not None:
-            amax_group.all_reduce_max(amax)
+        if req.amax_group is not None:
+            req.amax_group.all_reduce_max(amax)
         scale, _ = ops.compute_scale(
             amax,
             fp8_dtype=cfg.fp8.torch_dtype,
@@ -578,9 +547,7 @@ class CurrentScalingQuantizer(_PerTensorQuantizer):
             power_of_2=cfg.power_of_2,
             epsilon=float(cfg.epsilon),
         )
-        return _cast_per_tensor(
-            x2d, scale, cfg.fp8, rowwise=rowwise, columnwise=columnwise, out=out
-        )
+        return _cast_per_tensor(x2d, scale, cfg.fp8, req)
 
 
 class DelayedScalingQuantizer(_PerTensorQuantizer):
@@ -605,7 +572,7 @@ class DelayedScalingQuantizer(_PerTensorQuantizer):
     ) -> None:
         import torch
 
-        super().__init__(config or DelayedScalingConfig(), rowwise=rowwise, columnwise=columnwise)
+        super().__init__(config, rowwise=rowwise, columnwise=columnwise)
         self.amax_history = torch.zeros(self.config.history_len, dtype=torch.float32)
         self.scale = torch.ones(1, dtype=torch.float32)
 
@@ -614,33 +581,19 @@ class DelayedScalingQuantizer(_PerTensorQuantizer):
         self.amax_history.zero_()
         self.scale.fill_(1.0)
 
-    def _quantize_2d(
-        self,
-        x2d: torch.Tensor,
-        *,
-        rowwise: bool,
-        columnwise: bool,
-        amax_group: AmaxReducer | None,
-        out: _Parts | None,
-    ) -> _Parts:
+    def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
         import torch
 
-        cfg: DelayedScalingConfig = self.config
         if self.scale.device != x2d.device:
             self.amax_history = self.amax_history.to(x2d.device)
             self.scale = self.scale.to(x2d.device)
         amax = torch.empty(1, dtype=torch.float32, device=x2d.device)
-        parts = _cast_per_tensor(
-            x2d, self.scale, cfg.fp8, rowwise=rowwise, columnwise=columnwise, out=out, amax=amax
-        )
-        if amax_group is not None:
-            amax_group.all_reduce_max(amax)
-        self.update_scale(amax)
+        parts = _cast_per_tensor(x2d, self.scale, self.config.fp8, req, amax=amax)
+        self._empty_amax(amax, req.amax_group)  # reduce, then record
         return parts
 
     def _empty_amax(self, amax: torch.Tensor, amax_group: AmaxReducer | None) -> None:
-        if amax_group is not None:
-            amax_group.all_reduce_max(amax)
+        super()._empty_amax(amax, amax_group)
         self.update_scale(amax)
 
     def update_scale(self, amax: torch.Tensor) -> None:
@@ -668,46 +621,23 @@ class BlockScalingQuantizer(Quantizer):
 
     config_type = BlockScalingConfig
 
-    def __init__(
-        self,
-        config: BlockScalingConfig | None = None,
-        *,
-        rowwise: bool = True,
-        columnwise: bool = True,
-    ) -> None:
-        super().__init__(config or BlockScalingConfig(), rowwise=rowwise, columnwise=columnwise)
-
     @property
-    def rowwise_format(self) -> DirectionFormat:
-        return DirectionFormat(self.config.block, self.config.fp8)
+    def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
+        fmt = DirectionFormat(self.config.block, self.config.fp8)
+        return (fmt, fmt)
 
-    @property
-    def columnwise_format(self) -> DirectionFormat:
-        return DirectionFormat(self.config.block, self.config.fp8)
-
-    def _quantize_2d(
-        self,
-        x2d: torch.Tensor,
-        *,
-        rowwise: bool,
-        columnwise: bool,
-        amax_group: AmaxReducer | None,
-        out: _Parts | None,
-    ) -> _Parts:
+    def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
         cfg: BlockScalingConfig = self.config
-        fn = (
-            ops.quantize_block_1x128
-            if cfg.block is ScalingMode.BLOCK_1X128
-            else ops.quantize_block_128x128
-        )
+        two_d = cfg.block is ScalingMode.BLOCK_128X128
+        fn = ops.quantize_block_128x128 if two_d else ops.quantize_block_1x128
         return fn(
             x2d,
             fp8_dtype=cfg.fp8.torch_dtype,
-            rowwise=rowwise,
-            columnwise=columnwise,
+            rowwise=req.rowwise,
+            columnwise=req.columnwise,
             power_of_2=cfg.power_of_2,
             epsilon=float(cfg.epsilon),
-            out=out,
+            out=req.out,
         )
 
 
@@ -717,34 +647,20 @@ class MXFP8Quantizer(Quantizer):
 
     config_type = MXFP8Config
 
-    def __init__(
-        self, config: MXFP8Config | None = None, *, rowwise: bool = True, columnwise: bool = True
-    ) -> None:
-        super().__init__(config or MXFP8Config(), rowwise=rowwise, columnwise=columnwise)
-
     @property
-    def rowwise_format(self) -> DirectionFormat:
-        return DirectionFormat(ScalingMode.MXFP8_ROWWISE, self.config.fp8)
+    def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
+        return (
+            DirectionFormat(ScalingMode.MXFP8_ROWWISE, self.config.fp8),
+            DirectionFormat(ScalingMode.MXFP8_COLUMNWISE, self.config.fp8),
+        )
 
-    @property
-    def columnwise_format(self) -> DirectionFormat:
-        return DirectionFormat(ScalingMode.MXFP8_COLUMNWISE, self.config.fp8)
-
-    def _quantize_2d(
-        self,
-        x2d: torch.Tensor,
-        *,
-        rowwise: bool,
-        columnwise: bool,
-        amax_group: AmaxReducer | None,
-        out: _Parts | None,
-    ) -> _Parts:
+    def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
         return ops.quantize_mxfp8(
             x2d,
             fp8_dtype=self.config.fp8.torch_dtype,
-            rowwise=rowwise,
-            columnwise=columnwise,
-            out=out,
+            rowwise=req.rowwise,
+            columnwise=req.columnwise,
+            out=req.out,
         )
 
 
@@ -755,39 +671,19 @@ class HighPrecisionQuantizer(Quantizer):
 
     config_type = HighPrecisionConfig
 
-    def __init__(
-        self,
-        config: HighPrecisionConfig | None = None,
-        *,
-        rowwise: bool = True,
-        columnwise: bool = True,
-    ) -> None:
-        super().__init__(config or HighPrecisionConfig(), rowwise=rowwise, columnwise=columnwise)
-
     @property
-    def rowwise_format(self) -> DirectionFormat:
-        return DirectionFormat()
+    def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
+        return (DirectionFormat(), DirectionFormat())
 
-    @property
-    def columnwise_format(self) -> DirectionFormat:
-        return DirectionFormat()
-
-    def _quantize_2d(
-        self,
-        x2d: torch.Tensor,
-        *,
-        rowwise: bool,
-        columnwise: bool,
-        amax_group: AmaxReducer | None,
-        out: _Parts | None,
-    ) -> _Parts:
-        if out is not None:
-            targets = {id(t): t for t in (out.rowwise_data, out.columnwise_data) if t is not None}
+    def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
+        if req.out is not None:
+            o = req.out
+            targets = {id(t): t for t in (o.rowwise_data, o.columnwise_data) if t is not None}
             for t in targets.values():
                 t.copy_(x2d)
-            return out
+            return o
         data = x2d.to(dtype=self.config.dtype or x2d.dtype, copy=True)
-        return _Parts(data if rowwise else None, None, data if columnwise else None, None)
+        return _Parts(data if req.rowwise else None, None, data if req.columnwise else None, None)
 
 
 class HybridQuantizer(Quantizer):
@@ -828,73 +724,41 @@ class HybridQuantizer(Quantizer):
         )
 
     @property
-    def rowwise_format(self) -> DirectionFormat:
-        return self.rowwise_quantizer.rowwise_format
-
-    @property
-    def columnwise_format(self) -> DirectionFormat:
-        return self.columnwise_quantizer.columnwise_format
+    def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
+        return (self.rowwise_quantizer.formats[0], self.columnwise_quantizer.formats[1])
 
     @property
     def uses_amax_group(self) -> bool:
         return self.rowwise_quantizer.uses_amax_group or self.columnwise_quantizer.uses_amax_group
 
-    def _quantize_empty(
-        self,
-        x2d: torch.Tensor,
-        *,
-        rowwise: bool,
-        columnwise: bool,
-        amax_group: AmaxReducer | None,
-        out: _Parts | None,
-    ) -> _Parts:
+    def _sub_requests(self, req: _Request) -> list[tuple[Quantizer, _Request]]:
+        """The sub-quantizer and request of each direction asked for."""
+        o = req.out
+        row = _Request(True, False, req.amax_group, o and _Parts(o[0], o[1], None, None))
+        col = _Request(False, True, req.amax_group, o and _Parts(None, None, o[2], o[3]))
+        return [
+            (q, r)
+            for wanted, q, r in (
+                (req.rowwise, self.rowwise_quantizer, row),
+                (req.columnwise, self.columnwise_quantizer, col),
+            )
+            if wanted
+        ]
+
+    def _quantize_empty(self, x2d: torch.Tensor, req: _Request) -> _Parts:
         import torch
 
         # Each sub-quantizer takes part in the reductions it would make for a non-empty input.
-        for wanted, q in (
-            (rowwise, self.rowwise_quantizer),
-            (columnwise, self.columnwise_quantizer),
-        ):
-            if wanted:
-                q._empty_amax(x2d.new_zeros(1, dtype=torch.float32), amax_group)
-        return Quantizer._quantize_empty(
-            self, x2d, rowwise=rowwise, columnwise=columnwise, amax_group=None, out=out
-        )
+        for q, r in self._sub_requests(req):
+            q._empty_amax(x2d.new_zeros(1, dtype=torch.float32), r.amax_group)
+        return super()._quantize_empty(x2d, req._replace(amax_group=None))
 
-    def _quantize_2d(
-        self,
-        x2d: torch.Tensor,
-        *,
-        rowwise: bool,
-        columnwise: bool,
-        amax_group: AmaxReducer | None,
-        out: _Parts | None,
-    ) -> _Parts:
-        o = out or _NO_PARTS
-        row = col = _NO_PARTS
-        if rowwise:
-            row = self.rowwise_quantizer._quantize_2d(
-                x2d,
-                rowwise=True,
-                columnwise=False,
-                amax_group=amax_group,
-                out=None
-                if out is None
-                else _Parts(o.rowwise_data, o.rowwise_scale_inv, None, None),
-            )
-        if columnwise:
-            col = self.columnwise_quantizer._quantize_2d(
-                x2d,
-                rowwise=False,
-                columnwise=True,
-                amax_group=amax_group,
-                out=None
-                if out is None
-                else _Parts(None, None, o.columnwise_data, o.columnwise_scale_inv),
-            )
-        return _Parts(
-            row.rowwise_data, row.rowwise_scale_inv, col.columnwise_data, col.columnwise_scale_inv
-        )
+    def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
+        parts = [_NO_PARTS, _NO_PARTS]
+        for q, r in self._sub_requests(req):
+            parts[r.columnwise] = q._quantize_2d(x2d, r)
+        row, col = parts
+        return _Parts(row[0], row[1], col[2], col[3])
 
 
 _QUANTIZER_OF = {
