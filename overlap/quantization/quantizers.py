@@ -39,7 +39,7 @@ from overlap.quantization import ops
 from overlap.quantization.amax_reduction import AmaxReducer, as_amax_reducer
 from overlap.quantization.formats import DirectionFormat, Fp8Format
 from overlap.quantization.ops import BlockScaledFP8, ScalingMode
-from overlap.quantization.tensor import QuantizedTensor
+from overlap.quantization.tensor import QuantizedTensor, QuantizedTensorMeta
 
 if TYPE_CHECKING:
     import torch
@@ -400,16 +400,8 @@ class Quantizer(abc.ABC):
         parts = self._quantize_empty(x2d, req) if x2d.numel() == 0 else self._quantize_2d(x2d, req)
         if out is not None:
             return out
-        return QuantizedTensor(
-            shape=tuple(x.shape),
-            dtype=x.dtype,
-            rowwise_format=self.rowwise_format,
-            columnwise_format=self.columnwise_format,
-            rowwise_data=parts.rowwise_data,
-            rowwise_scale_inv=parts.rowwise_scale_inv,
-            columnwise_data=parts.columnwise_data,
-            columnwise_scale_inv=parts.columnwise_scale_inv,
-        )
+        meta = QuantizedTensorMeta(tuple(x.shape), x.dtype, *self.formats)
+        return QuantizedTensor.from_tensors(parts, meta)
 
     def _check_out(self, out: Any, x: torch.Tensor, row: bool, col: bool) -> None:
         name = type(self).__name__
