@@ -9,15 +9,14 @@ NOTE [layouts]: a tensor of logical shape ``[..., K]`` is quantized as the 2-D m
 ``[M, K]`` with ``M = prod(shape[:-1])``. Stored layouts, per direction (the conventions of
 the kernels in :mod:`overlap.quantization.ops`):
 
-==============  ===========================  ==================================
-mode            rowwise data / scale_inv     columnwise data / scale_inv
-==============  ===========================  ==================================
-None (high p.)  ``[M, K]`` / none            ``[M, K]`` / none
-TENSOR          ``[M, K]`` / ``[1]``         ``[K, M]`` (transpose) / ``[1]``
-BLOCK_1X128     ``[M, K]`` / ``[M, K/128]``  ``[K, M]`` / ``[K, M/128]``
-BLOCK_128X128   ``[M, K]`` / ``[M/128, K/128]``  ``[K, M]`` / ``[K/128, M/128]``
-MXFP8_*         ``[M, K]`` / ``[M, K/32]``   ``[M, K]`` / ``[M/32, K]``
-==============  ===========================  ==================================
+* high precision (mode None): rowwise ``[M, K]``, columnwise ``[M, K]`` (one tensor may
+  serve both); no scales;
+* TENSOR: rowwise ``[M, K]``, columnwise ``[K, M]`` (the transpose); scale_inv ``[1]``;
+* BLOCK_1X128: data as TENSOR; scale_inv ``[M, K/128]`` rowwise, ``[K, M/128]`` columnwise;
+* BLOCK_128X128: data as TENSOR; scale_inv ``[M/128, K/128]`` rowwise, ``[K/128, M/128]``
+  columnwise (the same tiles);
+* MXFP8_ROWWISE / MXFP8_COLUMNWISE: data ``[M, K]`` in both directions (not transposed);
+  scales ``[M, K/32]`` rowwise, ``[M/32, K]`` columnwise
 
 (block counts round up; MXFP8 needs whole blocks). Block scales are float32 ``scale_inv``;
 MXFP8 scales are uint8 E8M0 bytes. In every stored layout a block's extent along the logical

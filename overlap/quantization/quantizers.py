@@ -1,17 +1,19 @@
-"""Quantizers: configured, stateless-or-plain-state objects that make :class:`QuantizedTensor`.
+"""Quantizers: configured plain objects that turn a tensor into a :class:`QuantizedTensor`.
 
-============================  =========================  ======================================
-quantizer                     config                     formats (rowwise / columnwise)
-============================  =========================  ======================================
-:class:`DelayedScalingQuantizer`  :class:`DelayedScalingConfig`  TENSOR / TENSOR (scale from the
-                                                          amax history of earlier calls)
-:class:`CurrentScalingQuantizer`  :class:`CurrentScalingConfig`  TENSOR / TENSOR (scale from this
-                                                          call's amax)
-:class:`BlockScalingQuantizer`    :class:`BlockScalingConfig`    BLOCK_1X128 or BLOCK_128X128
-:class:`MXFP8Quantizer`           :class:`MXFP8Config`           MXFP8_ROWWISE / MXFP8_COLUMNWISE
-:class:`HighPrecisionQuantizer`   :class:`HighPrecisionConfig`   None / None (passthrough copy)
-:class:`HybridQuantizer`          :class:`HybridConfig`          one quantizer per direction
-============================  =========================  ======================================
+Each quantizer takes one frozen, validated config and makes data of fixed formats
+(rowwise / columnwise):
+
+* :class:`DelayedScalingQuantizer` (:class:`DelayedScalingConfig`): per-tensor FP8, TENSOR /
+  TENSOR, scale from the amax history of earlier calls;
+* :class:`CurrentScalingQuantizer` (:class:`CurrentScalingConfig`): per-tensor FP8, TENSOR /
+  TENSOR, scale from this call's amax (all-reduced over the amax group when given);
+* :class:`BlockScalingQuantizer` (:class:`BlockScalingConfig`): BLOCK_1X128 (activations,
+  gradients) or BLOCK_128X128 (weights) in both directions;
+* :class:`MXFP8Quantizer` (:class:`MXFP8Config`): MXFP8_ROWWISE / MXFP8_COLUMNWISE;
+* :class:`HighPrecisionQuantizer` (:class:`HighPrecisionConfig`): no quantization (a copy);
+* :class:`HybridQuantizer` (:class:`HybridConfig`): one quantizer per direction.
+
+:func:`make_quantizer` builds the quantizer of a config.
 
 NOTE [plain quantizers]: a quantizer holds its frozen config, its usage flags and, for delayed
 scaling only, its state as plain tensors (``amax_history``, ``scale``). No process group, no
