@@ -51,6 +51,7 @@ from overlap.quantization.quantizers import (
     MXFP8Quantizer,
     Quantizer,
     QuantizerConfig,
+    SimpleQuantizerConfig,
     make_quantizer,
 )
 from overlap.quantization.tensor import QuantizedTensor, QuantizedTensorMeta
@@ -83,6 +84,7 @@ __all__ = [
     "QuantizerConfig",
     "RecipeChangePolicy",
     "ScalingMode",
+    "SimpleQuantizerConfig",
     "amax",
     "as_amax_reducer",
     "cast_to_fp8",

@@ -62,6 +62,7 @@ __all__ = [
     "MXFP8Quantizer",
     "Quantizer",
     "QuantizerConfig",
+    "SimpleQuantizerConfig",
     "make_quantizer",
 ]
 
@@ -218,7 +219,7 @@ class HighPrecisionConfig:
         dtype: float32, bfloat16 or float16; None keeps the input's dtype.
     """
 
-    dtype: Any = None
+    dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if self.dtype is None:
@@ -232,6 +233,15 @@ class HighPrecisionConfig:
             )
 
 
+SimpleQuantizerConfig = (
+    DelayedScalingConfig
+    | CurrentScalingConfig
+    | BlockScalingConfig
+    | MXFP8Config
+    | HighPrecisionConfig
+)
+
+
 @dataclass(frozen=True)
 class HybridConfig:
     """One format for the rowwise direction, another for the columnwise one (e.g. per-tensor
@@ -242,36 +252,22 @@ class HybridConfig:
         columnwise: config of the quantizer that makes the columnwise data.
     """
 
-    rowwise: Any = field(default_factory=CurrentScalingConfig)
-    columnwise: Any = field(default_factory=BlockScalingConfig)
+    rowwise: SimpleQuantizerConfig = field(default_factory=CurrentScalingConfig)
+    columnwise: SimpleQuantizerConfig = field(default_factory=BlockScalingConfig)
 
     def __post_init__(self) -> None:
         for which in ("rowwise", "columnwise"):
             cfg = getattr(self, which)
             if isinstance(cfg, HybridConfig):
                 raise ConfigError(f"HybridConfig.{which} cannot itself be a HybridConfig")
-            if not isinstance(cfg, _SIMPLE_CONFIGS):
+            if not isinstance(cfg, SimpleQuantizerConfig):
+                names = [c.__name__ for c in SimpleQuantizerConfig.__args__]
                 raise ConfigError(
-                    f"HybridConfig.{which} must be one of "
-                    f"{[c.__name__ for c in _SIMPLE_CONFIGS]}, got {type(cfg).__name__}"
+                    f"HybridConfig.{which} must be one of {names}, got {type(cfg).__name__}"
                 )
 
 
-_SIMPLE_CONFIGS = (
-    DelayedScalingConfig,
-    CurrentScalingConfig,
-    BlockScalingConfig,
-    MXFP8Config,
-    HighPrecisionConfig,
-)
-QuantizerConfig = (
-    DelayedScalingConfig
-    | CurrentScalingConfig
-    | BlockScalingConfig
-    | MXFP8Config
-    | HighPrecisionConfig
-    | HybridConfig
-)
+QuantizerConfig = SimpleQuantizerConfig | HybridConfig
 
 
 # ---- quantizers ----------------------------------------------------------------------------
@@ -764,7 +760,9 @@ _QUANTIZER_OF = {
 }
 
 
-def make_quantizer(config: Any, *, rowwise: bool = True, columnwise: bool = True) -> Quantizer:
+def make_quantizer(
+    config: QuantizerConfig, *, rowwise: bool = True, columnwise: bool = True
+) -> Quantizer:
     """The quantizer of ``config`` (a :class:`HybridConfig` makes a :class:`HybridQuantizer`
     of two new quantizers).
 
