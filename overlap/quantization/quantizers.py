@@ -721,33 +721,26 @@ class HybridQuantizer(Quantizer):
     def uses_amax_group(self) -> bool:
         return self.rowwise_quantizer.uses_amax_group or self.columnwise_quantizer.uses_amax_group
 
-    def _sub_requests(self, req: _Request) -> list[tuple[Quantizer, _Request]]:
-        """The sub-quantizer and request of each direction asked for."""
-        o = req.out
-        row = _Request(True, False, req.amax_group, o and _Parts(o[0], o[1], None, None))
-        col = _Request(False, True, req.amax_group, o and _Parts(None, None, o[2], o[3]))
-        return [
-            (q, r)
-            for wanted, q, r in (
-                (req.rowwise, self.rowwise_quantizer, row),
-                (req.columnwise, self.columnwise_quantizer, col),
-            )
-            if wanted
-        ]
+    def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
+        return self._per_direction(x2d, req, empty=False)
 
     def _quantize_empty(self, x2d: torch.Tensor, req: _Request) -> _Parts:
-        import torch
-
         # Each sub-quantizer takes part in the reductions it would make for a non-empty input.
-        for q, r in self._sub_requests(req):
-            q._empty_amax(x2d.new_zeros(1, dtype=torch.float32), r.amax_group)
-        return super()._quantize_empty(x2d, req._replace(amax_group=None))
+        return self._per_direction(x2d, req, empty=True)
 
-    def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
-        parts = [_NO_PARTS, _NO_PARTS]
-        for q, r in self._sub_requests(req):
-            parts[r.columnwise] = q._quantize_2d(x2d, r)
-        row, col = parts
+    def _per_direction(self, x2d: torch.Tensor, req: _Request, *, empty: bool) -> _Parts:
+        """Each requested direction from its own quantizer (writing into ``req.out``'s
+        tensors of that direction when given)."""
+        o = req.out
+        row = col = _NO_PARTS
+        if req.rowwise:
+            r = _Request(True, False, req.amax_group, o and _Parts(o[0], o[1], None, None))
+            q = self.rowwise_quantizer
+            row = q._quantize_empty(x2d, r) if empty else q._quantize_2d(x2d, r)
+        if req.columnwise:
+            r = _Request(False, True, req.amax_group, o and _Parts(None, None, o[2], o[3]))
+            q = self.columnwise_quantizer
+            col = q._quantize_empty(x2d, r) if empty else q._quantize_2d(x2d, r)
         return _Parts(row[0], row[1], col[2], col[3])
 
 
