@@ -108,9 +108,15 @@ class CachedWeight:
         Raises:
             StateError: the recipe changed and the policy is ``RAISE``.
         """
+        import torch
+
         if not isinstance(quantizer, Quantizer):
             raise InvalidArgumentError(
                 f"CachedWeight.get: quantizer must be a Quantizer, got {type(quantizer).__name__}"
+            )
+        if not isinstance(weight, torch.Tensor):
+            raise InvalidArgumentError(
+                f"CachedWeight.get: weight must be a torch.Tensor, got {type(weight).__name__}"
             )
         need = (self._usages[0] or bool(rowwise), self._usages[1] or bool(columnwise))
         if not any(need):

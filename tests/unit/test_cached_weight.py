@@ -175,5 +175,7 @@ def test_cached_weight_validation() -> None:
         CachedWeight(on_recipe_change="ignore")
     with pytest.raises(InvalidArgumentError, match="quantizer must be a Quantizer"):
         CachedWeight().get(torch.randn(4, 4), "fp8", columnwise=True)
+    with pytest.raises(InvalidArgumentError, match=r"weight must be a torch\.Tensor, got list"):
+        CachedWeight().get([1.0], MXFP8Quantizer(), columnwise=True)
     with pytest.raises(InvalidArgumentError, match="rowwise and columnwise both False"):
         CachedWeight().get(torch.randn(4, 4), MXFP8Quantizer(), rowwise=False, columnwise=False)
