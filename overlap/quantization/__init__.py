@@ -1,11 +1,27 @@
 """Quantizers and quantized tensors (per-tensor FP8, block FP8, MXFP8, hybrid).
 
-Available now: the kernel-level ops of :mod:`overlap.quantization.ops` (host references;
-only :func:`amax` has its CUDA kernel so far): amax, per-tensor scale and casts, 1x128 and
-128x128 block scaling, MXFP8, dequantization and the reduction of partial sums. Quantizers
-and quantized tensors arrive with the quantization issue; see DESIGN.md §3-§4.
+* :mod:`~overlap.quantization.ops`: the kernel-level ops (host references; CUDA kernels
+  landing): amax, per-tensor scale and casts, 1x128 / 128x128 block scaling, MXFP8,
+  dequantization and the reduction of partial sums.
+* :mod:`~overlap.quantization.quantizers`: typed configs and the quantizers built on the ops
+  (delayed / current per-tensor scaling, block scaling, MXFP8, hybrid, high precision).
+* :mod:`~overlap.quantization.tensor`: :class:`QuantizedTensor`, rowwise / columnwise data
+  with their own scale_inv and per-direction formats (:mod:`~overlap.quantization.formats`).
+* :mod:`~overlap.quantization.amax_reduction`: the amax group given at the call.
+* :mod:`~overlap.quantization.cached`: :class:`CachedWeight` (usages only added).
+
+See DESIGN.md §3-§4.
 """
 
+from overlap.quantization.amax_reduction import (
+    AmaxReducer,
+    BootstrapAmaxReducer,
+    CallableAmaxReducer,
+    ProcessGroupAmaxReducer,
+    as_amax_reducer,
+)
+from overlap.quantization.cached import CachedWeight, RecipeChangePolicy
+from overlap.quantization.formats import DirectionFormat, Fp8Format
 from overlap.quantization.ops import (
     BlockScaledFP8,
     ScalingMode,
@@ -19,15 +35,63 @@ from overlap.quantization.ops import (
     quantize_mxfp8,
     reduce_partials,
 )
+from overlap.quantization.quantizers import (
+    AmaxComputeAlgo,
+    BlockScalingConfig,
+    BlockScalingQuantizer,
+    CurrentScalingConfig,
+    CurrentScalingQuantizer,
+    DelayedScalingConfig,
+    DelayedScalingQuantizer,
+    HighPrecisionConfig,
+    HighPrecisionQuantizer,
+    HybridConfig,
+    HybridQuantizer,
+    MXFP8Config,
+    MXFP8Quantizer,
+    Quantizer,
+    QuantizerConfig,
+    SimpleQuantizerConfig,
+    make_quantizer,
+)
+from overlap.quantization.tensor import QuantizedTensor, QuantizedTensorMeta
 
 __all__ = [
+    "AmaxComputeAlgo",
+    "AmaxReducer",
     "BlockScaledFP8",
+    "BlockScalingConfig",
+    "BlockScalingQuantizer",
+    "BootstrapAmaxReducer",
+    "CachedWeight",
+    "CallableAmaxReducer",
+    "CurrentScalingConfig",
+    "CurrentScalingQuantizer",
+    "DelayedScalingConfig",
+    "DelayedScalingQuantizer",
+    "DirectionFormat",
+    "Fp8Format",
+    "HighPrecisionConfig",
+    "HighPrecisionQuantizer",
+    "HybridConfig",
+    "HybridQuantizer",
+    "MXFP8Config",
+    "MXFP8Quantizer",
+    "ProcessGroupAmaxReducer",
+    "QuantizedTensor",
+    "QuantizedTensorMeta",
+    "Quantizer",
+    "QuantizerConfig",
+    "RecipeChangePolicy",
     "ScalingMode",
+    "SimpleQuantizerConfig",
     "amax",
+    "as_amax_reducer",
     "cast_to_fp8",
     "cast_transpose",
     "compute_scale",
     "dequantize",
+    "make_quantizer",
     "quantize_block_1x128",
     "quantize_block_128x128",
     "quantize_mxfp8",
