@@ -79,6 +79,20 @@ void register_comm(py::module_& m) {
           },
           py::arg("input"), py::kw_only(), py::arg("stream") = 0)
       .def(
+          "all_gather_parts",
+          [](SymmetricBuffer& b, const std::vector<std::pair<py::handle, std::size_t>>& parts,
+             std::uintptr_t stream) {
+            std::vector<comm::GatherPart> ps;
+            for (const auto& [input, offset] : parts) {
+              const TensorRef in = tensor_ref_from_py(input, "all_gather part");
+              b.check_tensor(in, "all_gather part");
+              ps.push_back({in.data, offset, static_cast<std::size_t>(in.nbytes())});
+            }
+            py::gil_scoped_release release;
+            comm::all_gather_parts(b, ps, stream_from_py(stream));
+          },
+          py::arg("parts"), py::kw_only(), py::arg("stream") = 0)
+      .def(
           "reduce_scatter",
           [](SymmetricBuffer& b, py::handle input, py::handle output, std::uintptr_t stream) {
             const TensorRef in = tensor_ref_from_py(input, "reduce_scatter input");

@@ -98,21 +98,40 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
 // On NVLink's all-to-all topology every lane's put uses its own links at the same time; on
 // cuda the puts are copy-engine copies and the signals/waits stream memory operations, so the
 // all-gather uses no SMs.
-void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes,
-                cudaStream_t stream) {
+void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
+                      cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
-  OVERLAP_CHECK_ARG(chunk_bytes * n <= buf.bytes(),
-                    "all_gather: " << n << " chunks of " << chunk_bytes
-                                   << " bytes exceed the buffer's " << buf.bytes()
-                                   << " bytes; create a larger buffer or gather less");
-  const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, chunk_bytes, "all_gather", stream);
+  OVERLAP_CHECK_ARG(!parts.empty(), "all_gather: nothing to gather (no parts)");
+  // Validate every part (and the absence of overlaps) before any communication.
+  std::uint64_t arg = 0;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const GatherPart& a = parts[p];
+    const std::size_t span = a.chunk_bytes * n;
+    OVERLAP_CHECK_ARG(a.offset <= buf.bytes() && span <= buf.bytes() - a.offset,
+                      "all_gather: part " << p << " (" << n << " chunks of " << a.chunk_bytes
+                                          << " bytes at offset " << a.offset
+                                          << ") would exceed the buffer's " << buf.bytes()
+                                          << " bytes; create a larger buffer or gather less");
+    for (std::size_t q = 0; q < p; ++q) {
+      const GatherPart& b = parts[q];
+      const bool disjoint = a.offset + span <= b.offset || b.offset + b.chunk_bytes * n <= a.offset;
+      OVERLAP_CHECK_ARG(disjoint || span == 0 || b.chunk_bytes == 0,
+                        "all_gather: parts " << q << " and " << p << " overlap in the buffer");
+    }
+    arg = arg * 1000003u + a.offset * 31u + a.chunk_bytes;
+  }
+  const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream);
   Transport& t = buf.transport();
   t.fork(stream, n);
-  t.put(buf.data(r) + r * chunk_bytes, input, chunk_bytes, stream, 0);
+  for (const GatherPart& a : parts) {
+    t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
+  }
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
-    t.put(buf.data(peer) + r * chunk_bytes, input, chunk_bytes, stream, i);
+    for (const GatherPart& a : parts) {
+      t.put(buf.data(peer) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, i);
+    }
     t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, i);
   }
   t.join(stream);
@@ -121,6 +140,11 @@ void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes
     WaitContext ctx{"all_gather", r, peer, i, epoch, buf.timeout_s()};
     t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
   }
+}
+
+void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes,
+                cudaStream_t stream) {
+  all_gather_parts(buf, {GatherPart{input, 0, chunk_bytes}}, stream);
 }
 
 // Timeline of rank r: begin_op | publish own partials (all chunks) in own region, signal

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "comm/symmetric_buffer.h"
 #include "common/dtype.h"
@@ -21,6 +22,19 @@ namespace overlap::comm {
 // rank r's chunk lands at data + r * chunk_bytes. `input` may be the rank's own slot.
 void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes,
                 cudaStream_t stream);
+
+// One part of a multi-part all-gather: rank r's `chunk_bytes` from `input` land at
+// data + offset + r * chunk_bytes of every rank (parts must not overlap).
+struct GatherPart {
+  const void* input;
+  std::size_t offset;
+  std::size_t chunk_bytes;
+};
+
+// Gathers several parts in one op (one barrier, one signal per peer): e.g. a quantized
+// shard's data and its scale_inv, which must travel together (DESIGN.md invariant 1).
+void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
+                      cudaStream_t stream);
 
 // input: `size * count` elements of `dtype` (chunk k is destined to rank k);
 // output: `count` elements, the sum over ranks of their chunk `rank`, fp32 accumulation.

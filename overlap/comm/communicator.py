@@ -20,6 +20,7 @@ import itertools
 import os
 import secrets
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from overlap._native import native
@@ -147,6 +148,22 @@ class SymmetricBuffer:
         self._core.all_gather(input, stream=_stream_of(input))
         self._core.copy_out(output, 0, stream=_stream_of(output))
         return output
+
+    def all_gather_into(self, parts: Sequence[tuple[torch.Tensor, int]]) -> None:
+        """Gather several tensors of every rank in ONE op, into the buffer itself.
+
+        Args:
+            parts: ``(shard, offset)`` pairs: rank ``k``'s ``shard`` (contiguous, any dtype,
+                same nbytes on every rank) lands at byte ``offset + k * shard.nbytes`` of every
+                rank's region. Parts must not overlap. Typical use: a quantized shard's data
+                and its scale_inv, which must travel together (DESIGN.md invariant 1).
+
+        Read the result with :meth:`view`; it is valid until the next op on this buffer.
+        """
+        if not parts:
+            raise InvalidArgumentError("all_gather_into needs at least one (tensor, offset) part")
+        stream = _stream_of(parts[0][0])
+        self._core.all_gather_parts([(t, int(off)) for t, off in parts], stream=stream)
 
     def reduce_scatter(
         self, input: torch.Tensor, output: torch.Tensor | None = None

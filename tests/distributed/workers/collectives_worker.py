@@ -222,6 +222,22 @@ def views(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
     y = random_tensor(16, 24, torch.bfloat16, gen)
     buf.all_gather(y)
     assert torch.equal(mine, y), "a view did not alias the region"
+    # Several parts in one op: bf16 data and fp32 "scale_inv" land in their own regions.
+    data = random_tensor(6, 10, torch.bfloat16, gen)
+    scale = random_tensor(1, 1, torch.float32, gen)
+    data_off = tp.size * y.nbytes + 256  # past the gathered y, which `mine` aliases
+    scale_off = data_off + tp.size * data.nbytes + 64
+    buf.all_gather_into([(data, data_off), (scale.view(-1), scale_off)])
+    got_data = buf.view(torch.bfloat16, (tp.size * 6, 10), offset=data_off)
+    got_scale = buf.view(torch.float32, (tp.size, 1), offset=scale_off)
+    assert torch.equal(got_data, reference_all_gather(tp, data)), "all_gather_into data"
+    assert torch.equal(got_scale, reference_all_gather(tp, scale)), "all_gather_into scales"
+    _worker.expect_raises(
+        InvalidArgumentError,
+        "overlap",
+        lambda: buf.all_gather_into([(data, 0), (data, data.nbytes)]),
+    )
+    assert torch.equal(mine, y), "the region changed outside the parts"
     buf.destroy()
     assert torch.equal(mine, y), "a view's memory did not outlive destroy()"
     del mine, v, fp8
