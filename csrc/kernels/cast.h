@@ -38,4 +38,13 @@ void cast_to_fp8_host(const void* x, DType x_dtype, std::size_t n, float scale, 
 void cast_transpose_host(const void* x, DType x_dtype, std::int64_t rows, std::int64_t cols,
                          float scale, std::uint8_t* out, std::uint8_t* out_t, DType fp8_dtype);
 
+#ifdef OVERLAP_WITH_CUDA
+// Device pointers. scale, scale_inv: float32[1]; amax: float32[1] or nullptr. scale_inv and
+// amax must not alias scale (NOTE [scalar aliasing] in kernel_args.h). cast_transpose runs
+// the tile kernel of quantize_tiles.h.
+void cast_to_fp8_cuda(const void* x, DType x_dtype, std::size_t n, const float* scale,
+                      std::uint8_t* out, float* scale_inv, float* amax, DType fp8_dtype,
+                      cudaStream_t stream);
+#endif
+
 }  // namespace overlap::kernels

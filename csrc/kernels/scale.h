@@ -37,4 +37,10 @@ float scale_from_amax(float amax, float fp8_max, const ScaleOptions& options);
 void compute_scale(const TensorRef& amax, const TensorRef& scale, const TensorRef& scale_inv,
                    DType fp8_dtype, const ScaleOptions& options, cudaStream_t stream);
 
+#ifdef OVERLAP_WITH_CUDA
+// Device pointers, n elements each; amax may alias scale or scale_inv element by element.
+void compute_scale_cuda(const float* amax, float* scale, float* scale_inv, std::size_t n,
+                        DType fp8_dtype, const ScaleOptions& options, cudaStream_t stream);
+#endif
+
 }  // namespace overlap::kernels
