@@ -1,7 +1,7 @@
 """Quantizers and quantized tensors (per-tensor FP8, block FP8, MXFP8, hybrid).
 
-Available now: the kernel-level ops of :mod:`overlap.quantization.ops` (host references;
-only :func:`amax` has its CUDA kernel so far): amax, per-tensor scale and casts, 1x128 and
+Available now: the kernel-level ops of :mod:`overlap.quantization.ops` (CUDA kernels, and
+host references that they match bit for bit): amax, per-tensor scale and casts, 1x128 and
 128x128 block scaling, MXFP8, dequantization and the reduction of partial sums. Quantizers
 and quantized tensors arrive with the quantization issue; see DESIGN.md §3-§4.
 """
