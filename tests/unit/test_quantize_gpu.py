@@ -36,6 +36,8 @@ from tests.unit.fp8_reference import (  # noqa: E402
     bits,
     fp8_bits,
     ids,
+    ordered_sum,
+    partials,
     quantize_blocks,
     quantize_mx,
     random_input,
@@ -371,19 +373,6 @@ def test_dequantize_cuda(fmt: torch.dtype, out_dtype: torch.dtype, offset: int) 
 # ---- reduction -------------------------------------------------------------------------------
 
 
-def _partials(k: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    mags = torch.pow(2.0, torch.randint(-6, 7, (k,) + (1,) * len(shape), generator=g).float())
-    return (torch.randn((k, *shape), generator=g) * mags).to(dtype)
-
-
-def _ordered_sum(p: torch.Tensor) -> torch.Tensor:
-    acc = p[0].float().clone()
-    for i in range(1, p.shape[0]):
-        acc = acc + p[i].float()
-    return acc
-
-
 OUT_FORMATS = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
 
 
@@ -405,8 +394,8 @@ def _cuda(t: torch.Tensor | None) -> torch.Tensor | None:
 def test_reduce_partials_cuda(
     dtype: torch.dtype, out_format: torch.dtype, k: int, n: int, offset: int
 ) -> None:
-    p = _partials(k, (n,), dtype, seed=k * 31 + n)
-    acc = _ordered_sum(p)
+    p = partials(k, (n,), dtype, seed=k * 31 + n)
+    acc = ordered_sum(p)
     scale = _reduce_scale(acc, out_format)
     fp8 = scale is not None
     out = _poisoned((n,), out_format, offset)
@@ -458,10 +447,10 @@ def _reduce_tensors(inputs, out, **kwargs) -> None:
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 def test_reduce_pointers_cuda(k: int, out_format: torch.dtype, max_blocks: int, aligned: bool):
     n = 8 * 1000 + 3
-    p = _partials(k, (n,), torch.bfloat16, seed=k + max_blocks)
+    p = partials(k, (n,), torch.bfloat16, seed=k + max_blocks)
     # Separate allocations, as a reduce-scatter's peer buffers are; one of them misaligned.
     inputs = [_gpu(p[i], 0 if aligned or i != k // 2 else 1) for i in range(k)]
-    acc = _ordered_sum(p)
+    acc = ordered_sum(p)
     scale = _reduce_scale(acc, out_format)
     out = _poisoned((n,), out_format)
     amax = _poisoned((1,), torch.float32)
@@ -495,10 +484,10 @@ def test_reduce_pointers_cuda(k: int, out_format: torch.dtype, max_blocks: int, 
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 def test_reduce_pointers_cuda_out_aliases_an_input(aligned: bool) -> None:
     n = 4096 + 5
-    p = _partials(3, (n,), torch.float32, seed=3)
+    p = partials(3, (n,), torch.float32, seed=3)
     inputs = [_gpu(p[i], 0 if aligned else 1) for i in range(3)]
     _reduce_tensors(inputs, inputs[1], out_format=torch.float32)  # in place into partial 1
-    _assert_same(inputs[1], _ordered_sum(p))
+    _assert_same(inputs[1], ordered_sum(p))
 
 
 def test_reduce_pointers_cuda_rejects() -> None:
