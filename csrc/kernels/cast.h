@@ -20,7 +20,8 @@ namespace overlap::kernels {
 
 // x: contiguous float32/float16/bfloat16, any shape. scale: float32, one element.
 // out: contiguous uint8 or `fp8_dtype`, x's shape. scale_inv: float32, one element.
-// amax: nullptr, or float32 with one element. All tensors on one device (host for now).
+// amax: nullptr, or float32 with one element. All tensors on one device: host tensors run the
+// host reference, CUDA tensors the kernel on `stream` (scale, scale_inv and amax distinct).
 void cast_to_fp8(const TensorRef& x, const TensorRef& scale, const TensorRef& out,
                  const TensorRef& scale_inv, const TensorRef* amax, DType fp8_dtype,
                  cudaStream_t stream);

@@ -29,7 +29,8 @@ void dequantize(const TensorRef& data, const TensorRef& scale_inv, const TensorR
 
 // Block-scaled: data 2-D [R, C]; scale_inv float32 [ceil(R/block_rows), ceil(C/block_cols)]
 // (partial blocks allowed) or uint8 E8M0 [R/block_rows, C/block_cols] (both must divide); out
-// float32/bfloat16/float16 [R, C]. Host only for now (CUDA tensors raise kUnsupported).
+// float32/bfloat16/float16 [R, C]. Host tensors run the host reference, CUDA tensors the
+// kernel on `stream`.
 void dequantize_blocks(const TensorRef& data, const TensorRef& scale_inv, const TensorRef& out,
                        DType fp8_dtype, std::int64_t block_rows, std::int64_t block_cols,
                        cudaStream_t stream);

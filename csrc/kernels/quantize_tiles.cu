@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileParam
     float v[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) v[j] = element<T>(raw[i], j);
-    std::uint32_t* shared_row = tile_t + (row_in_tile * kPitch + tc) / 4;
+    std::uint32_t* shared_row = kTransposed ? tile_t + (row_in_tile * kPitch + tc) / 4 : nullptr;
     // The tile-wide multiplier serves both directions (per-tensor and 128x128): the
     // transposed bytes are the rowwise bytes.
     constexpr bool kShared = !kPerBlock;

@@ -33,7 +33,7 @@ float scale_from_amax(float amax, float fp8_max, const ScaleOptions& options);
 
 // amax, scale, scale_inv: contiguous float32 tensors with the same number of elements n
 // (typically 1); scale[i] and scale_inv[i] are computed from amax[i] for `fp8_dtype`'s range.
-// Host tensors run the host reference; CUDA tensors raise kUnsupported (no kernel yet).
+// Host tensors run the host reference; CUDA tensors compute_scale_cuda on `stream`.
 void compute_scale(const TensorRef& amax, const TensorRef& scale, const TensorRef& scale_inv,
                    DType fp8_dtype, const ScaleOptions& options, cudaStream_t stream);
 
