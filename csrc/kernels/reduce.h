@@ -51,7 +51,7 @@ void reduce_tensors(const std::vector<TensorRef>& inputs, const TensorRef& out, 
 // NOTE [amax output] in cast.h) are device pointers, never read on the host. Summed in the
 // order of NOTE [reduction order]. max_blocks bounds the grid (<= 0: enough blocks to fill
 // the GPU) so that a reduce-scatter leaves SMs to a concurrent GEMM. Enqueued on `stream`
-// without synchronizing the host.
+// (a stream of the current device, where out lives) without synchronizing the host.
 void reduce_pointers_cuda(const void* const* inputs, DType dtype, std::size_t k, std::size_t n,
                           void* out, DType out_format, const float* scale, float* scale_inv,
                           float* amax, int max_blocks, cudaStream_t stream);

@@ -124,3 +124,51 @@ def test_reduce_rejects_bad_arguments(name: str) -> None:
     call, match = BAD_CALLS[name]
     with pytest.raises(InvalidArgumentError, match=match):
         call()
+
+
+# ---- reduce_tensors: the same reduction over separate tensors (reduce-scatter peers) --------
+
+
+def _reduce_tensors(inputs, out, **kwargs) -> None:
+    from overlap._native import native
+
+    native().kernels.reduce_tensors(inputs, out, **kwargs)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+@pytest.mark.parametrize("out_format", [torch.float32, torch.bfloat16, torch.float8_e5m2], ids=ids)
+def test_reduce_tensors_matches_reduce_partials(k: int, out_format: torch.dtype) -> None:
+    p = partials(k, (5, 77), torch.bfloat16, seed=k)
+    fp8 = out_format in FP8_DTYPES
+    scale = torch.tensor([64.0]) if fp8 else None
+    out = torch.empty((5, 77), dtype=torch.uint8 if fp8 else out_format)
+    amax = torch.full((1,), float("nan"))
+    _reduce_tensors(
+        [p[i].clone() for i in range(k)], out, out_format=out_format, scale=scale, amax=amax
+    )
+    want = reduce_partials(p, out_dtype=out_format, scale=scale)
+    assert torch.equal(bits(out) if fp8 else out, bits(want) if fp8 else want)
+    assert torch.equal(amax, ordered_sum(p).abs().max().reshape(1))
+
+
+def test_reduce_tensors_in_place_into_an_input() -> None:
+    p = partials(3, (1000,), torch.float32, seed=1)
+    inputs = [p[i].clone() for i in range(3)]
+    _reduce_tensors(inputs, inputs[2], out_format=torch.float32)
+    assert torch.equal(inputs[2], ordered_sum(p))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "match"),
+    [
+        ([], "at least one input"),
+        ([torch.ones(4), torch.ones(5)], r"dtype and shape of inputs\[0\].*inputs\[1\] is"),
+        ([torch.ones(4), torch.ones(4, dtype=torch.float16)], r"inputs\[1\] is float16\[4\]"),
+        ([torch.ones(4, dtype=torch.int32)], "inputs.0. must be float32, float16 or bfloat16"),
+        ([torch.ones(8)[::2]], "must be contiguous"),
+    ],
+    ids=["empty", "shape", "dtype", "int", "strided"],
+)
+def test_reduce_tensors_rejects(inputs, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        _reduce_tensors(inputs, torch.empty(4), out_format=torch.float32)
