@@ -2,6 +2,8 @@
 // tensors the caller allocated (the core never allocates). Optional tensors are None.
 #include <pybind11/pybind11.h>
 
+#include <vector>
+
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
 #include "kernels/amax.h"
@@ -198,6 +200,27 @@ void register_kernels(py::module_& m) {
       py::arg("amax") = py::none(), py::arg("stream") = 0,
       "out = sum of partials[0..k) in float32 (in order), rounded to out_format (FP8: "
       "fp8(sum * scale)); amax = max|sum|.");
+
+  k.def(
+      "reduce_tensors",
+      [](const py::sequence& inputs, py::handle out, py::handle out_format, py::handle scale,
+         py::handle scale_inv, py::handle amax, int max_blocks, std::uintptr_t stream) {
+        std::vector<TensorRef> ins;
+        for (py::handle t : inputs) ins.push_back(tensor_ref_from_py(t, "inputs"));
+        const TensorRef o = tensor_ref_from_py(out, "out");
+        const DType fmt = dtype_from_py(out_format, "out_format");
+        const auto s = optional_tensor_ref_from_py(scale, "scale");
+        const auto si = optional_tensor_ref_from_py(scale_inv, "scale_inv");
+        const auto a = optional_tensor_ref_from_py(amax, "amax");
+        py::gil_scoped_release release;
+        kernels::reduce_tensors(ins, o, fmt, ptr(s), ptr(si), ptr(a), max_blocks,
+                                stream_from_py(stream));
+      },
+      py::arg("inputs"), py::arg("out"), py::kw_only(), py::arg("out_format"),
+      py::arg("scale") = py::none(), py::arg("scale_inv") = py::none(),
+      py::arg("amax") = py::none(), py::arg("max_blocks") = 0, py::arg("stream") = 0,
+      "reduce_partials over a list of separate tensors (on CUDA: reduce_pointers_cuda, the "
+      "reduce-scatter's kernel, at most 64 inputs); max_blocks bounds the CUDA grid.");
 }
 
 }  // namespace overlap::bindings

@@ -1,11 +1,8 @@
 // CUDA amax: grid-stride, 16-byte vector loads, warp shuffles, one atomic per block.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
-#include "common/cuda/cuda_check.h"
 #include "kernels/amax.h"
+#include "kernels/device_utils.cuh"
 
 namespace overlap::kernels {
 
@@ -13,21 +10,8 @@ namespace {
 
 constexpr int kThreads = 512;
 
-__device__ __forceinline__ float to_float(float v) {
-  return v;
-}
-__device__ __forceinline__ float to_float(__half v) {
-  return __half2float(v);
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-// Max over non-negative floats and NaN: on their bit patterns as unsigned integers, NaN
-// (0x7fc00000 after fabs) sorts above +inf, so NaN propagates through atomicMax.
-__device__ __forceinline__ unsigned abs_bits(float v) {
-  return __float_as_uint(fabsf(v));
-}
+using device::abs_bits;
+using device::to_float;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -55,21 +39,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kVec; ++j) local = max(local, abs_bits(to_float(vals[j])));
   }
 
-  for (int offset = 16; offset > 0; offset /= 2) {
-    local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
-  }
-  __shared__ unsigned warp_max[kThreads / 32];
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = local;
-  __syncthreads();
-  if (warp == 0) {
-    local = lane < kThreads / 32 ? warp_max[lane] : 0u;
-    for (int offset = 16; offset > 0; offset /= 2) {
-      local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
-    }
-    if (lane == 0 && local != 0u) atomicMax(out, local);
-  }
+  device::block_amax_to<kThreads>(local, out);
 }
 
 template <typename T>
@@ -94,16 +64,9 @@ void launch(const void* x, std::size_t n, float* out, cudaStream_t stream) {
 }  // namespace
 
 void amax_cuda(const void* x, DType dtype, std::size_t n, float* out, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return launch<float>(x, n, out, stream);
-    case DType::kFloat16:
-      return launch<__half>(x, n, out, stream);
-    case DType::kBFloat16:
-      return launch<__nv_bfloat16>(x, n, out, stream);
-    default:
-      OVERLAP_THROW(kInvalidArgument, "amax_cuda: unsupported dtype " << dtype_name(dtype));
-  }
+  dispatch_float_type(dtype, "amax_cuda", [&](auto type_tag) {
+    launch<typename decltype(type_tag)::type>(x, n, out, stream);
+  });
 }
 
 }  // namespace overlap::kernels

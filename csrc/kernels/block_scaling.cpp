@@ -2,7 +2,12 @@
 
 #include "common/errors.h"
 #include "kernels/block_quantize_host.h"
+#include "kernels/quantize_tiles.h"
 #include "kernels/scale.h"
+
+#ifdef OVERLAP_WITH_CUDA
+#include "common/cuda/device_guard.h"
+#endif
 
 namespace overlap::kernels {
 
@@ -70,8 +75,22 @@ void quantize_block(const TensorRef& x, BlockShape shape, const QuantizedOutputs
                 {ceil_div(cols, block_rows), ceil_div(rows, kScaleBlock)}, op,
                 "columnwise_scale_inv");
   }
-  require_host(op, {&x, outs.rowwise_data, outs.rowwise_scale_inv, outs.columnwise_data,
-                    outs.columnwise_scale_inv});
+  const int device = require_one_device(op, {&x, outs.rowwise_data, outs.rowwise_scale_inv,
+                                             outs.columnwise_data, outs.columnwise_scale_inv});
+  if (device >= 0) {
+#ifdef OVERLAP_WITH_CUDA
+    DeviceGuard guard(device);
+    TileQuantizeArgs args = tile_args(x, outs, fp8_dtype);
+    args.scaling =
+        shape == BlockShape::k1x128 ? TileScaling::kBlock1x128 : TileScaling::kBlock128x128;
+    args.power_of_2 = options.power_of_2;
+    args.epsilon = options.epsilon;
+    quantize_tiles_cuda(args, stream);
+    return;
+#else
+    throw_no_cuda(op, x);
+#endif
+  }
 
   if (rowwise) {
     quantize_direction(x, false, shape, *outs.rowwise_data, *outs.rowwise_scale_inv, fp8_dtype,

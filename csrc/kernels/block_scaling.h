@@ -45,7 +45,7 @@ struct BlockScalingOptions {
 
 // x: contiguous 2-D [rows, cols] float32/float16/bfloat16. Outputs per
 // NOTE [block scaling layout]: data uint8 or `fp8_dtype`, scale_inv float32. Host tensors run
-// the host reference; CUDA tensors raise kUnsupported (no kernel yet).
+// the host reference; CUDA tensors the tile kernel of quantize_tiles.h on `stream`.
 void quantize_block(const TensorRef& x, BlockShape shape, const QuantizedOutputs& outs,
                     DType fp8_dtype, const BlockScalingOptions& options, cudaStream_t stream);
 

@@ -3,6 +3,11 @@
 #include "common/errors.h"
 #include "kernels/amax.h"
 #include "kernels/kernel_args.h"
+#include "kernels/quantize_tiles.h"
+
+#ifdef OVERLAP_WITH_CUDA
+#include "common/cuda/device_guard.h"
+#endif
 
 namespace overlap::kernels {
 
@@ -36,6 +41,18 @@ void check_scale_args(const TensorRef& scale, const TensorRef& scale_inv, const 
   if (amax != nullptr) check_float32_elements(*amax, 1, op, "amax");
 }
 
+// NOTE [scalar aliasing] (kernel_args.h), for CUDA tensors.
+void check_scales_disjoint(const TensorRef& scale, const TensorRef& scale_inv,
+                           const TensorRef* amax, const char* op) {
+  check_disjoint(op, scale, "scale", &scale_inv, "scale_inv");
+  check_disjoint(op, scale, "scale", amax, "amax");
+  check_disjoint(op, scale_inv, "scale_inv", amax, "amax");
+}
+
+float* float_ptr(const TensorRef* t) {
+  return t != nullptr ? static_cast<float*>(t->data) : nullptr;
+}
+
 // Reads the scale first: scale_inv or amax may alias it.
 void finish_scales(const TensorRef& x, const TensorRef& scale, const TensorRef& scale_inv,
                    const TensorRef* amax) {
@@ -57,7 +74,19 @@ void cast_to_fp8(const TensorRef& x, const TensorRef& scale, const TensorRef& ou
   check_fp8_data(out, fp8_dtype, kOp, "out");
   check_shape(out, x.shape, kOp, "out");
   check_scale_args(scale, scale_inv, amax, kOp);
-  require_host(kOp, {&x, &scale, &out, &scale_inv, amax});
+  const int device = require_one_device(kOp, {&x, &scale, &out, &scale_inv, amax});
+  if (device >= 0) {
+    check_scales_disjoint(scale, scale_inv, amax, kOp);
+#ifdef OVERLAP_WITH_CUDA
+    DeviceGuard guard(device);
+    cast_to_fp8_cuda(x.data, x.dtype, static_cast<std::size_t>(x.numel()),
+                     static_cast<const float*>(scale.data), static_cast<std::uint8_t*>(out.data),
+                     static_cast<float*>(scale_inv.data), float_ptr(amax), fp8_dtype, stream);
+    return;
+#else
+    throw_no_cuda(kOp, x);
+#endif
+  }
 
   const float s = *static_cast<const float*>(scale.data);
   cast_to_fp8_host(x.data, x.dtype, static_cast<std::size_t>(x.numel()), s,
@@ -84,7 +113,29 @@ void cast_transpose(const TensorRef& x, const TensorRef& scale, const TensorRef*
     check_shape(*out_t, {cols, rows}, kOp, "out_t (the transpose of x)");
   }
   check_scale_args(scale, scale_inv, amax, kOp);
-  require_host(kOp, {&x, &scale, out, out_t, &scale_inv, amax});
+  const int device = require_one_device(kOp, {&x, &scale, out, out_t, &scale_inv, amax});
+  if (device >= 0) {
+    check_scales_disjoint(scale, scale_inv, amax, kOp);
+#ifdef OVERLAP_WITH_CUDA
+    DeviceGuard guard(device);
+    TileQuantizeArgs args;
+    args.scaling = TileScaling::kTensor;
+    args.x = x.data;
+    args.x_dtype = x.dtype;
+    args.rows = rows;
+    args.cols = cols;
+    args.fp8_dtype = fp8_dtype;
+    args.rowwise = out ? static_cast<std::uint8_t*>(out->data) : nullptr;
+    args.columnwise = out_t ? static_cast<std::uint8_t*>(out_t->data) : nullptr;
+    args.scale = static_cast<const float*>(scale.data);
+    args.scale_inv = static_cast<float*>(scale_inv.data);
+    args.amax = float_ptr(amax);
+    quantize_tiles_cuda(args, stream);
+    return;
+#else
+    throw_no_cuda(kOp, x);
+#endif
+  }
 
   const float s = *static_cast<const float*>(scale.data);
   cast_transpose_host(x.data, x.dtype, rows, cols, s,

@@ -20,7 +20,8 @@ namespace overlap::kernels {
 
 // x: contiguous float32/float16/bfloat16, any shape. scale: float32, one element.
 // out: contiguous uint8 or `fp8_dtype`, x's shape. scale_inv: float32, one element.
-// amax: nullptr, or float32 with one element. All tensors on one device (host for now).
+// amax: nullptr, or float32 with one element. All tensors on one device: host tensors run the
+// host reference, CUDA tensors the kernel on `stream` (scale, scale_inv and amax distinct).
 void cast_to_fp8(const TensorRef& x, const TensorRef& scale, const TensorRef& out,
                  const TensorRef& scale_inv, const TensorRef* amax, DType fp8_dtype,
                  cudaStream_t stream);
@@ -37,5 +38,14 @@ void cast_to_fp8_host(const void* x, DType x_dtype, std::size_t n, float scale, 
                       DType fp8_dtype);
 void cast_transpose_host(const void* x, DType x_dtype, std::int64_t rows, std::int64_t cols,
                          float scale, std::uint8_t* out, std::uint8_t* out_t, DType fp8_dtype);
+
+#ifdef OVERLAP_WITH_CUDA
+// Device pointers. scale, scale_inv: float32[1]; amax: float32[1] or nullptr. scale_inv and
+// amax must not alias scale (NOTE [scalar aliasing] in kernel_args.h). cast_transpose runs
+// the tile kernel of quantize_tiles.h.
+void cast_to_fp8_cuda(const void* x, DType x_dtype, std::size_t n, const float* scale,
+                      std::uint8_t* out, float* scale_inv, float* amax, DType fp8_dtype,
+                      cudaStream_t stream);
+#endif
 
 }  // namespace overlap::kernels

@@ -4,6 +4,10 @@
 #include "kernels/kernel_args.h"
 #include "kernels/mxfp8.h"
 
+#ifdef OVERLAP_WITH_CUDA
+#include "common/cuda/device_guard.h"
+#endif
+
 namespace overlap::kernels {
 
 namespace {
@@ -24,7 +28,18 @@ void dequantize(const TensorRef& data, const TensorRef& scale_inv, const TensorR
   check_fp8_data(data, fp8_dtype, kOp, "data");
   check_float32_elements(scale_inv, 1, kOp, "scale_inv");
   check_output(out, data.shape, kOp);
-  require_host(kOp, {&data, &scale_inv, &out});
+  const int device = require_one_device(kOp, {&data, &scale_inv, &out});
+  if (device >= 0) {
+#ifdef OVERLAP_WITH_CUDA
+    DeviceGuard guard(device);
+    dequantize_cuda(
+        static_cast<const std::uint8_t*>(data.data), static_cast<std::size_t>(data.numel()),
+        static_cast<const float*>(scale_inv.data), out.data, out.dtype, fp8_dtype, stream);
+    return;
+#else
+    throw_no_cuda(kOp, data);
+#endif
+  }
 
   const float s_inv = *static_cast<const float*>(scale_inv.data);
   const auto* q = static_cast<const std::uint8_t*>(data.data);
@@ -61,7 +76,17 @@ void dequantize_blocks(const TensorRef& data, const TensorRef& scale_inv, const 
   const std::int64_t scale_cols = ceil_div(cols, block_cols);
   check_shape(scale_inv, {ceil_div(rows, block_rows), scale_cols}, kOp, "scale_inv");
   check_output(out, data.shape, kOp);
-  require_host(kOp, {&data, &scale_inv, &out});
+  const int device = require_one_device(kOp, {&data, &scale_inv, &out});
+  if (device >= 0) {
+#ifdef OVERLAP_WITH_CUDA
+    DeviceGuard guard(device);
+    dequantize_blocks_cuda(static_cast<const std::uint8_t*>(data.data), rows, cols, scale_inv.data,
+                           e8m0, block_rows, block_cols, out.data, out.dtype, fp8_dtype, stream);
+    return;
+#else
+    throw_no_cuda(kOp, data);
+#endif
+  }
 
   const auto* q = static_cast<const std::uint8_t*>(data.data);
   for (std::int64_t r = 0; r < rows; ++r) {

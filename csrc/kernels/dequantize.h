@@ -29,9 +29,21 @@ void dequantize(const TensorRef& data, const TensorRef& scale_inv, const TensorR
 
 // Block-scaled: data 2-D [R, C]; scale_inv float32 [ceil(R/block_rows), ceil(C/block_cols)]
 // (partial blocks allowed) or uint8 E8M0 [R/block_rows, C/block_cols] (both must divide); out
-// float32/bfloat16/float16 [R, C]. Host only for now (CUDA tensors raise kUnsupported).
+// float32/bfloat16/float16 [R, C]. Host tensors run the host reference, CUDA tensors the
+// kernel on `stream`.
 void dequantize_blocks(const TensorRef& data, const TensorRef& scale_inv, const TensorRef& out,
                        DType fp8_dtype, std::int64_t block_rows, std::int64_t block_cols,
                        cudaStream_t stream);
+
+#ifdef OVERLAP_WITH_CUDA
+// Device pointers; out holds out_dtype (float32, bfloat16 or float16) elements.
+void dequantize_cuda(const std::uint8_t* data, std::size_t n, const float* scale_inv, void* out,
+                     DType out_dtype, DType fp8_dtype, cudaStream_t stream);
+// scale_inv: float32, or E8M0 bytes when e8m0, laid out as in dequantize_blocks.
+void dequantize_blocks_cuda(const std::uint8_t* data, std::int64_t rows, std::int64_t cols,
+                            const void* scale_inv, bool e8m0, std::int64_t block_rows,
+                            std::int64_t block_cols, void* out, DType out_dtype, DType fp8_dtype,
+                            cudaStream_t stream);
+#endif
 
 }  // namespace overlap::kernels

@@ -63,7 +63,7 @@ void check_float32_elements(const TensorRef& t, std::int64_t numel, const char* 
                        << " element" << (numel == 1 ? "" : "s") << ", got " << t.describe());
 }
 
-void require_host(const char* op, std::initializer_list<const TensorRef*> tensors) {
+int require_one_device(const char* op, std::initializer_list<const TensorRef*> tensors) {
   const TensorRef* first = nullptr;
   for (const TensorRef* t : tensors) {
     if (t == nullptr) continue;
@@ -75,10 +75,25 @@ void require_host(const char* op, std::initializer_list<const TensorRef*> tensor
                                                      << first->describe() << " and "
                                                      << t->describe());
   }
-  if (first == nullptr || first->on_host()) return;
-  OVERLAP_THROW(kUnsupported, op << " on " << first->describe()
-                                 << ": the CUDA kernel is not implemented yet; only the host "
-                                    "reference exists, so pass CPU tensors for now");
+  return first == nullptr ? -1 : first->device;
+}
+
+void throw_no_cuda(const char* op, const TensorRef& t) {
+  OVERLAP_THROW(kUnsupported, op << " on " << t.describe()
+                                 << ": this build of overlap has no CUDA support; pass CPU "
+                                    "tensors or rebuild with CUDA");
+}
+
+void check_disjoint(const char* op, const TensorRef& a, const char* a_name, const TensorRef* b,
+                    const char* b_name) {
+  if (b == nullptr) return;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b->data);
+  const bool overlap = a0 < b0 + b->nbytes() && b0 < a0 + a.nbytes();
+  OVERLAP_CHECK_ARG(!overlap, op << ": " << a_name << " and " << b_name
+                                 << " must not share memory on CUDA (every block reads the "
+                                    "scale while scale_inv and amax are written); pass "
+                                    "separate tensors");
 }
 
 std::pair<bool, bool> check_output_pairs(const QuantizedOutputs& outs, const char* op) {

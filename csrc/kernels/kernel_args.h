@@ -45,9 +45,19 @@ void check_shape(const TensorRef& t, const std::vector<std::int64_t>& shape, con
 void check_float32_elements(const TensorRef& t, std::int64_t numel, const char* op,
                             const char* what);
 
-// All given tensors (nullptr entries are skipped) share one device. Returns normally for host
-// tensors; throws kUnsupported for CUDA tensors, whose kernels are not written yet.
-void require_host(const char* op, std::initializer_list<const TensorRef*> tensors);
+// All given tensors (nullptr entries are skipped) share one device; returns it (-1 for host
+// memory, the ordinal for CUDA). Throws kInvalidArgument naming two that differ.
+int require_one_device(const char* op, std::initializer_list<const TensorRef*> tensors);
+
+// The error of a CUDA tensor in a build without CUDA support (kUnsupported, naming the op).
+[[noreturn]] void throw_no_cuda(const char* op, const TensorRef& t);
+
+// NOTE [scalar aliasing]: on CUDA every thread block reads the scale while one of them writes
+// scale_inv, and an amax output is zeroed before the launch, so scale, scale_inv and amax
+// must not share memory there (the host reference reads the scale first and tolerates it).
+// Throws kInvalidArgument when the bytes of a and b (b may be nullptr) overlap.
+void check_disjoint(const char* op, const TensorRef& a, const char* a_name, const TensorRef* b,
+                    const char* b_name);
 
 }  // namespace overlap::kernels
 

@@ -6,6 +6,11 @@
 
 #include "common/errors.h"
 #include "kernels/block_quantize_host.h"
+#include "kernels/quantize_tiles.h"
+
+#ifdef OVERLAP_WITH_CUDA
+#include "common/cuda/device_guard.h"
+#endif
 
 namespace overlap::kernels {
 
@@ -76,8 +81,19 @@ void quantize_mxfp8(const TensorRef& x, const QuantizedOutputs& outs, DType fp8_
     check_scale_tensor(*outs.columnwise_scale_inv, {rows / kMXBlock, cols}, kOp,
                        "columnwise_scale_inv");
   }
-  require_host(kOp, {&x, outs.rowwise_data, outs.rowwise_scale_inv, outs.columnwise_data,
-                     outs.columnwise_scale_inv});
+  const int device = require_one_device(kOp, {&x, outs.rowwise_data, outs.rowwise_scale_inv,
+                                              outs.columnwise_data, outs.columnwise_scale_inv});
+  if (device >= 0) {
+#ifdef OVERLAP_WITH_CUDA
+    DeviceGuard guard(device);
+    TileQuantizeArgs args = tile_args(x, outs, fp8_dtype);
+    args.scaling = TileScaling::kMXFP8;
+    quantize_tiles_cuda(args, stream);
+    return;
+#else
+    throw_no_cuda(kOp, x);
+#endif
+  }
 
   auto run = [&](const TensorRef& data, const TensorRef& scales, std::int64_t block_rows,
                  std::int64_t block_cols) {

@@ -42,7 +42,7 @@ float e8m0_to_float(std::uint8_t byte);
 
 // x: contiguous 2-D [rows, cols] float32/float16/bfloat16. Outputs per NOTE [mxfp8 layout]:
 // data uint8 or `fp8_dtype`, scales uint8 (torch.float8_e8m0fnu is accepted as bytes). Host
-// tensors run the host reference; CUDA tensors raise kUnsupported (no kernel yet).
+// tensors run the host reference; CUDA tensors the tile kernel of quantize_tiles.h.
 void quantize_mxfp8(const TensorRef& x, const QuantizedOutputs& outs, DType fp8_dtype,
                     cudaStream_t stream);
 

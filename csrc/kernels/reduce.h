@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "common/stream.h"
 #include "common/tensor_ref.h"
@@ -34,7 +35,23 @@ float reduce_pointers_host(const void* const* inputs, DType dtype, std::size_t k
 float reduce_partials_host(const void* partials, DType dtype, std::size_t k, std::size_t n,
                            void* out, DType out_format, float scale);
 
+// The reduction of reduce_partials over k separate tensors (inputs[p]: contiguous, one dtype
+// and shape, out's shape), on the host or on CUDA (all tensors on one device; on CUDA at most
+// 64 inputs). max_blocks bounds the CUDA grid (<= 0: enough blocks for the GPU); other
+// arguments as in reduce_partials.
+void reduce_tensors(const std::vector<TensorRef>& inputs, const TensorRef& out, DType out_format,
+                    const TensorRef* scale, const TensorRef* scale_inv, const TensorRef* amax,
+                    int max_blocks, cudaStream_t stream);
+
 #ifdef OVERLAP_WITH_CUDA
+// The CUDA kernel (reduce.cu): inputs is a host array of k <= 64 device pointers (a peer
+// GPU's memory mapped through CUDA IPC is fine; NOTE [peer inputs] in reduce.cu), each with n
+// elements of `dtype`; out holds n elements of out_format and may alias an input. scale
+// (required for an FP8 out_format, else nullptr), scale_inv and amax (nullptr or float32[1],
+// NOTE [amax output] in cast.h) are device pointers, never read on the host. Summed in the
+// order of NOTE [reduction order]. max_blocks bounds the grid (<= 0: enough blocks to fill
+// the GPU) so that a reduce-scatter leaves SMs to a concurrent GEMM. Enqueued on `stream`
+// (a stream of the current device, where out lives) without synchronizing the host.
 void reduce_pointers_cuda(const void* const* inputs, DType dtype, std::size_t k, std::size_t n,
                           void* out, DType out_format, const float* scale, float* scale_inv,
                           float* amax, int max_blocks, cudaStream_t stream);

@@ -6,6 +6,10 @@
 #include "common/errors.h"
 #include "kernels/kernel_args.h"
 
+#ifdef OVERLAP_WITH_CUDA
+#include "common/cuda/device_guard.h"
+#endif
+
 namespace overlap::kernels {
 
 void check_scale_options(const ScaleOptions& options, const char* op) {
@@ -38,7 +42,18 @@ void compute_scale(const TensorRef& amax, const TensorRef& scale, const TensorRe
   check_float32_elements(amax, n, kOp, "amax");
   check_float32_elements(scale, n, kOp, "scale");
   check_float32_elements(scale_inv, n, kOp, "scale_inv");
-  require_host(kOp, {&amax, &scale, &scale_inv});
+  const int device = require_one_device(kOp, {&amax, &scale, &scale_inv});
+  if (device >= 0) {
+#ifdef OVERLAP_WITH_CUDA
+    DeviceGuard guard(device);
+    compute_scale_cuda(static_cast<const float*>(amax.data), static_cast<float*>(scale.data),
+                       static_cast<float*>(scale_inv.data), static_cast<std::size_t>(n), fp8_dtype,
+                       options, stream);
+    return;
+#else
+    throw_no_cuda(kOp, amax);
+#endif
+  }
 
   const float fp8_max = fp8_max_value(fp8_dtype);
   const auto* a = static_cast<const float*>(amax.data);

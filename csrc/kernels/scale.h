@@ -33,8 +33,14 @@ float scale_from_amax(float amax, float fp8_max, const ScaleOptions& options);
 
 // amax, scale, scale_inv: contiguous float32 tensors with the same number of elements n
 // (typically 1); scale[i] and scale_inv[i] are computed from amax[i] for `fp8_dtype`'s range.
-// Host tensors run the host reference; CUDA tensors raise kUnsupported (no kernel yet).
+// Host tensors run the host reference; CUDA tensors compute_scale_cuda on `stream`.
 void compute_scale(const TensorRef& amax, const TensorRef& scale, const TensorRef& scale_inv,
                    DType fp8_dtype, const ScaleOptions& options, cudaStream_t stream);
+
+#ifdef OVERLAP_WITH_CUDA
+// Device pointers, n elements each; amax may alias scale or scale_inv element by element.
+void compute_scale_cuda(const float* amax, float* scale, float* scale_inv, std::size_t n,
+                        DType fp8_dtype, const ScaleOptions& options, cudaStream_t stream);
+#endif
 
 }  // namespace overlap::kernels

@@ -7,9 +7,13 @@ tensor of the FP8 dtype itself or as raw bytes in a ``uint8`` tensor (what commu
 buffers carry); ``fp8_dtype`` names the format and defaults to the FP8 dtype of a given
 output, else ``torch.float8_e4m3fn``.
 
-Only the host references exist for the quantization kernels so far: CUDA tensors raise
-:class:`~overlap.errors.UnsupportedHardwareError` ("CUDA kernel not implemented yet"),
-except :func:`amax`, which has its CUDA kernel.
+Every op runs on CPU tensors (the host reference, also the oracle of the tests) and on CUDA
+tensors (a CUDA kernel, bit-exact against the host reference). All tensors of one call must be
+on one device; CUDA kernels are enqueued on that device's current stream and never
+synchronise the host: scales, ``scale_inv`` and ``amax`` stay in device memory. On CUDA,
+``scale``, ``scale_inv`` and ``amax`` must be separate tensors (the host tolerates aliasing).
+NaN is the one exception to bit-exactness: CUDA writes the hardware's canonical NaN (FP8
+``0x7F`` whatever the sign), the host keeps the sign.
 
 Conventions (the C++ headers in ``csrc/kernels`` give the details):
 
@@ -165,7 +169,7 @@ def compute_scale(
     (``scale_inv`` is then exact).
 
     Args:
-        amax: contiguous float32 tensor of n elements (typically ``[1]``), cpu.
+        amax: contiguous float32 tensor of n elements (typically ``[1]``), cpu or cuda.
         fp8_dtype: ``torch.float8_e4m3fn`` (max 448, the default) or ``torch.float8_e5m2``
             (max 57344).
         margin: headroom in powers of two, 0..127.
@@ -210,7 +214,7 @@ def cast_to_fp8(
     """Per-tensor FP8 cast: ``out = fp8(x * scale)``, with ``scale_inv = 1 / scale``.
 
     Args:
-        x: contiguous float32, float16 or bfloat16 tensor of any shape, cpu.
+        x: contiguous float32, float16 or bfloat16 tensor of any shape, cpu or cuda.
         scale: float32 tensor of one element.
         fp8_dtype: the FP8 format; defaults to ``out``'s FP8 dtype, else e4m3fn.
         out: optional output of ``x``'s shape, ``fp8_dtype`` or uint8 (raw FP8 bytes).
@@ -252,7 +256,7 @@ def cast_transpose(
     Hopper FP8 GEMMs need for dgrad/wgrad operands.
 
     Args:
-        x: contiguous 2-D ``[rows, cols]`` float32, float16 or bfloat16, cpu.
+        x: contiguous 2-D ``[rows, cols]`` float32, float16 or bfloat16, cpu or cuda.
         scale: float32 tensor of one element.
         fp8_dtype: the FP8 format; defaults to an output's FP8 dtype, else e4m3fn.
         rowwise: also produce the rowwise data (False: columnwise only; ``out`` must be None).
@@ -384,7 +388,7 @@ def quantize_block_1x128(
     of a row is partial.
 
     Args:
-        x: contiguous 2-D ``[rows, cols]`` float32, float16 or bfloat16, cpu.
+        x: contiguous 2-D ``[rows, cols]`` float32, float16 or bfloat16, cpu or cuda.
         fp8_dtype: the FP8 format; defaults to an output's FP8 dtype, else e4m3fn.
         rowwise: produce rowwise data ``[rows, cols]`` and scale_inv ``[rows, ceil(cols/128)]``.
         columnwise: produce columnwise data ``[cols, rows]`` (the transpose, quantized with
@@ -425,7 +429,7 @@ def quantize_block_128x128(
     Scales as in :func:`quantize_block_1x128`; partial tiles at the bottom and right edges.
 
     Args:
-        x: contiguous 2-D ``[rows, cols]`` float32, float16 or bfloat16, cpu.
+        x: contiguous 2-D ``[rows, cols]`` float32, float16 or bfloat16, cpu or cuda.
         fp8_dtype: the FP8 format; defaults to an output's FP8 dtype, else e4m3fn.
         rowwise: produce rowwise data ``[rows, cols]`` and scale_inv
             ``[ceil(rows/128), ceil(cols/128)]``.
@@ -467,7 +471,7 @@ def quantize_mxfp8(
     saturating. amax 0 gives byte 0; a NaN in a block gives byte 0xFF (NaN) and NaN elements.
 
     Args:
-        x: contiguous 2-D ``[rows, cols]`` float32, float16 or bfloat16, cpu.
+        x: contiguous 2-D ``[rows, cols]`` float32, float16 or bfloat16, cpu or cuda.
         fp8_dtype: the FP8 format; defaults to an output's FP8 dtype, else e4m3fn.
         rowwise: produce data ``[rows, cols]`` with 1x32 blocks and scales ``[rows, cols/32]``
             (cols must be a multiple of 32).
@@ -526,9 +530,9 @@ def dequantize(
     """FP8 data back to float: ``out = float(data) * scale_inv`` of its tensor or block.
 
     Args:
-        data: FP8 (or uint8 carrying ``fp8_dtype`` bytes) tensor, contiguous, cpu. Any shape
-            for ``ScalingMode.TENSOR``; 2-D for the block modes. Columnwise 1x128 / 128x128
-            data (``[cols, rows]``) dequantizes to the transpose of the original.
+        data: FP8 (or uint8 carrying ``fp8_dtype`` bytes) tensor, contiguous, cpu or cuda. Any
+            shape for ``ScalingMode.TENSOR``; 2-D for the block modes. Columnwise 1x128 /
+            128x128 data (``[cols, rows]``) dequantizes to the transpose of the original.
         scale_inv: float32 ``[1]`` (TENSOR); float32 per block (BLOCK_*), shaped as the
             quantizer produced it; uint8 / ``float8_e8m0fnu`` E8M0 bytes (MXFP8_*).
         mode: the scaling the data was quantized with.
@@ -576,10 +580,11 @@ def reduce_partials(
     """Sum of k stacked partial buffers in float32, rounded once to the output format.
 
     Element j is ``((p[0][j] + p[1][j]) + p[2][j]) + ...`` in float32, in that order (the
-    CUDA kernel will match it bit for bit): the reduction step of a reduce-scatter.
+    CUDA kernel matches it bit for bit): the reduction step of a reduce-scatter.
 
     Args:
-        partials: contiguous ``[k, ...]`` float32, bfloat16 or float16 (k >= 1), cpu.
+        partials: contiguous ``[k, ...]`` float32, bfloat16 or float16 (k >= 1), cpu or cuda
+            (on cuda k <= 64).
         out_dtype: the output format: float32, bfloat16, float16, float8_e4m3fn or
             float8_e5m2. Defaults to ``out``'s dtype (required when ``out`` is uint8 raw FP8
             bytes), else ``partials``' dtype.

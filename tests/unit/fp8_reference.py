@@ -120,3 +120,19 @@ def random_input(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch
         col_mag = torch.pow(2.0, torch.randint(-4, 5, (1, shape[1]), generator=g).float())
         x = x * row_mag * col_mag
     return x.to(dtype)
+
+
+def partials(k: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """k stacked random partial sums whose magnitudes differ by partial, so that the float32
+    order of summation matters."""
+    g = torch.Generator().manual_seed(seed)
+    mags = torch.pow(2.0, torch.randint(-6, 7, (k,) + (1,) * len(shape), generator=g).float())
+    return (torch.randn((k, *shape), generator=g) * mags).to(dtype)
+
+
+def ordered_sum(p: torch.Tensor) -> torch.Tensor:
+    """((p0 + p1) + p2) + ... in float32: NOTE [reduction order] of csrc/kernels/reduce.h."""
+    acc = p[0].float().clone()
+    for i in range(1, p.shape[0]):
+        acc = acc + p[i].float()
+    return acc

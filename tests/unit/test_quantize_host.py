@@ -593,27 +593,57 @@ def _device_calls(k, wrap):
 
 
 @pytest.mark.parametrize("op", list(_device_calls(None, lambda t: t)))
-def test_cuda_tensors_say_kernel_not_implemented(op: str) -> None:
+def test_mixed_devices_are_rejected_before_any_work(op: str) -> None:
     from overlap._native import native
-    from overlap.errors import InvalidArgumentError, UnsupportedHardwareError
+    from overlap.errors import InvalidArgumentError
 
-    k = native().kernels
-    with pytest.raises(UnsupportedHardwareError, match="CUDA kernel is not implemented yet"):
-        _device_calls(k, _FakeCudaTensor)[op]()
-    # One CUDA tensor among host tensors is a device mismatch, named as such.
+    # One CUDA tensor among host tensors is a device mismatch, named as such, found before
+    # any memory is touched (the fake tensor's memory is host memory).
     fake_first = iter([True])
 
     def wrap_first(t: torch.Tensor) -> object:
         return _FakeCudaTensor(t) if next(fake_first, False) else t
 
     with pytest.raises(InvalidArgumentError, match="all tensors must be on one device"):
-        _device_calls(k, wrap_first)[op]()
+        _device_calls(native().kernels, wrap_first)[op]()
 
 
-@pytest.mark.gpu
-def test_real_cuda_tensors_say_kernel_not_implemented() -> None:
-    from overlap.errors import UnsupportedHardwareError
+@pytest.mark.parametrize("op", list(_device_calls(None, lambda t: t)))
+def test_cuda_tensors_without_a_usable_cuda(op: str) -> None:
+    """Without CUDA support in the build the core says so; with it but without a GPU, the
+    CUDA runtime's error surfaces (the fake tensors' host memory is never launched on)."""
+    import overlap
+    from overlap._native import native
+    from overlap.errors import CudaError, UnsupportedHardwareError
 
-    x = torch.randn(64, 128, device="cuda")
-    with pytest.raises(UnsupportedHardwareError, match="CUDA kernel is not implemented yet"):
-        quantize_block_1x128(x)
+    if overlap.cuda_available():
+        pytest.skip("a GPU is present: fake CUDA tensors would be launched on")
+    if overlap.build_info()["cuda_compiled"]:
+        expected, match = CudaError, "cuda"
+    else:
+        expected, match = UnsupportedHardwareError, "no CUDA support"
+    with pytest.raises(expected, match=match):
+        _device_calls(native().kernels, _FakeCudaTensor)[op]()
+
+
+def test_cuda_scales_must_not_alias() -> None:
+    """NOTE [scalar aliasing]: refused on CUDA before any GPU work (host aliasing is fine)."""
+    from overlap._native import native
+    from overlap.errors import InvalidArgumentError
+
+    k = native().kernels
+    e4 = torch.float8_e4m3fn
+    x, out = _FakeCudaTensor(torch.randn(64)), _FakeCudaTensor(_e4((64,)))
+    s, s_inv = _FakeCudaTensor(torch.ones(1)), _FakeCudaTensor(torch.ones(1))
+    with pytest.raises(InvalidArgumentError, match="scale and scale_inv must not share memory"):
+        k.cast_to_fp8(x, s, out, s, fp8_dtype=e4)
+    with pytest.raises(InvalidArgumentError, match="scale and amax must not share memory"):
+        k.cast_to_fp8(x, s, out, s_inv, fp8_dtype=e4, amax=s)
+    with pytest.raises(InvalidArgumentError, match="scale and scale_inv must not share memory"):
+        k.reduce_partials(
+            _FakeCudaTensor(torch.randn(2, 64)), out, out_format=e4, scale=s, scale_inv=s
+        )
+    # On the host the scale is read first, so aliasing it is allowed.
+    host_s = torch.tensor([2.0])
+    q, _ = cast_to_fp8(torch.randn(64), host_s, scale_inv=host_s)
+    assert host_s.item() == 0.5 and q.dtype == e4

@@ -8,25 +8,17 @@ torch = pytest.importorskip("torch")
 
 from overlap.errors import InvalidArgumentError  # noqa: E402
 from overlap.quantization import reduce_partials  # noqa: E402
-from tests.unit.fp8_reference import FP8_DTYPES, bits, fp8_bits, ids  # noqa: E402
+from tests.unit.fp8_reference import (  # noqa: E402
+    FP8_DTYPES,
+    bits,
+    fp8_bits,
+    ids,
+    ordered_sum,
+    partials,
+)
 
 IN_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 OUT_SHAPES = [(1,), (1000,), (7, 129)]
-
-
-def _partials(k: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    # Magnitudes differ by partial so that the float32 order of summation matters.
-    mags = torch.pow(2.0, torch.randint(-6, 7, (k,) + (1,) * len(shape), generator=g).float())
-    return (torch.randn((k, *shape), generator=g) * mags).to(dtype)
-
-
-def _ordered_sum(p: torch.Tensor) -> torch.Tensor:
-    """((p0 + p1) + p2) + ... in float32, the order the core promises."""
-    acc = p[0].float().clone()
-    for i in range(1, p.shape[0]):
-        acc = acc + p[i].float()
-    return acc
 
 
 @pytest.mark.parametrize("dtype", IN_DTYPES, ids=ids)
@@ -36,12 +28,12 @@ def _ordered_sum(p: torch.Tensor) -> torch.Tensor:
 def test_reduce_matches_ordered_float32_sum(
     dtype: torch.dtype, out_dtype: torch.dtype, k: int, shape: tuple[int, ...]
 ) -> None:
-    p = _partials(k, shape, dtype, seed=k * 100 + len(shape))
+    p = partials(k, shape, dtype, seed=k * 100 + len(shape))
     out = torch.full(shape, float("nan"), dtype=out_dtype)
     amax = torch.full((1,), float("nan"))
     got = reduce_partials(p, out=out, amax=amax)
     assert got is out
-    acc = _ordered_sum(p)
+    acc = ordered_sum(p)
     # Rounded once, to nearest even, from the float32 sum: bit-exact.
     assert torch.equal(got, acc.to(out_dtype))
     assert torch.equal(amax, acc.abs().max().reshape(1))
@@ -54,8 +46,8 @@ def test_reduce_matches_ordered_float32_sum(
 @pytest.mark.parametrize("fmt", FP8_DTYPES, ids=ids)
 @pytest.mark.parametrize("as_bytes", [False, True], ids=["fp8", "uint8"])
 def test_reduce_to_fp8(fmt: torch.dtype, as_bytes: bool) -> None:
-    p = _partials(4, (3, 333), torch.bfloat16, seed=9)
-    acc = _ordered_sum(p)
+    p = partials(4, (3, 333), torch.bfloat16, seed=9)
+    acc = ordered_sum(p)
     scale = torch.tensor([300.0 / acc.abs().max().item()]) * (
         128.0 if fmt == torch.float8_e5m2 else 1.0
     )
@@ -83,7 +75,7 @@ def test_reduce_defaults_to_partials_dtype() -> None:
     p = torch.randn(3, 10, dtype=torch.bfloat16)
     got = reduce_partials(p)
     assert got.dtype == torch.bfloat16 and got.shape == (10,)
-    assert torch.equal(got, _ordered_sum(p).bfloat16())
+    assert torch.equal(got, ordered_sum(p).bfloat16())
 
 
 P = torch.randn(2, 16)
@@ -132,3 +124,51 @@ def test_reduce_rejects_bad_arguments(name: str) -> None:
     call, match = BAD_CALLS[name]
     with pytest.raises(InvalidArgumentError, match=match):
         call()
+
+
+# ---- reduce_tensors: the same reduction over separate tensors (reduce-scatter peers) --------
+
+
+def _reduce_tensors(inputs, out, **kwargs) -> None:
+    from overlap._native import native
+
+    native().kernels.reduce_tensors(inputs, out, **kwargs)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+@pytest.mark.parametrize("out_format", [torch.float32, torch.bfloat16, torch.float8_e5m2], ids=ids)
+def test_reduce_tensors_matches_reduce_partials(k: int, out_format: torch.dtype) -> None:
+    p = partials(k, (5, 77), torch.bfloat16, seed=k)
+    fp8 = out_format in FP8_DTYPES
+    scale = torch.tensor([64.0]) if fp8 else None
+    out = torch.empty((5, 77), dtype=torch.uint8 if fp8 else out_format)
+    amax = torch.full((1,), float("nan"))
+    _reduce_tensors(
+        [p[i].clone() for i in range(k)], out, out_format=out_format, scale=scale, amax=amax
+    )
+    want = reduce_partials(p, out_dtype=out_format, scale=scale)
+    assert torch.equal(bits(out) if fp8 else out, bits(want) if fp8 else want)
+    assert torch.equal(amax, ordered_sum(p).abs().max().reshape(1))
+
+
+def test_reduce_tensors_in_place_into_an_input() -> None:
+    p = partials(3, (1000,), torch.float32, seed=1)
+    inputs = [p[i].clone() for i in range(3)]
+    _reduce_tensors(inputs, inputs[2], out_format=torch.float32)
+    assert torch.equal(inputs[2], ordered_sum(p))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "match"),
+    [
+        ([], "at least one input"),
+        ([torch.ones(4), torch.ones(5)], r"dtype and shape of inputs\[0\].*inputs\[1\] is"),
+        ([torch.ones(4), torch.ones(4, dtype=torch.float16)], r"inputs\[1\] is float16\[4\]"),
+        ([torch.ones(4, dtype=torch.int32)], "inputs.0. must be float32, float16 or bfloat16"),
+        ([torch.ones(8)[::2]], "must be contiguous"),
+    ],
+    ids=["empty", "shape", "dtype", "int", "strided"],
+)
+def test_reduce_tensors_rejects(inputs, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        _reduce_tensors(inputs, torch.empty(4), out_format=torch.float32)
