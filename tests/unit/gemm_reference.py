@@ -74,6 +74,20 @@ class Fp8Operand:
     scaling: ScalingMode
 
 
+def scales(qa: Fp8Operand, qb: Fp8Operand, device: str | None = None) -> dict:
+    """The scale arguments of an FP8 pair for gemm() and reference(), on ``device``."""
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return t if device is None else t.to(device)
+
+    return {
+        "a_scale_inv": move(qa.scale_inv),
+        "b_scale_inv": move(qb.scale_inv),
+        "a_scaling": qa.scaling,
+        "b_scaling": qb.scaling,
+    }
+
+
 def per_tensor_fp8(x: torch.Tensor, fmt: torch.dtype) -> Fp8Operand:
     """x quantized with one scale mapping its amax to the format's max / 2."""
     scale = FP8_MAX[fmt] / 2 / float(x.abs().max())

@@ -24,6 +24,7 @@ from tests.unit.gemm_reference import (  # noqa: E402
     per_tensor_fp8,
     randn,
     reference,
+    scales,
     to_fp8,
 )
 
@@ -92,14 +93,11 @@ def test_fp8_per_tensor(fa, fb, out_dtype, fast_accum) -> None:
         qa.data.cuda(),
         qb.data.cuda(),
         transb=True,
-        a_scale_inv=qa.scale_inv.cuda(),
-        b_scale_inv=qb.scale_inv.cuda(),
+        **scales(qa, qb, "cuda"),
         out=out,
         fast_accum=fast_accum,
     )
-    ref = reference(
-        qa.data, qb.data, transb=True, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv
-    )
+    ref = reference(qa.data, qb.data, transb=True, **scales(qa, qb))
     tol = FP8_TOL[fast_accum] if out_dtype == torch.float32 else TOL[out_dtype]
     check(out, ref, tol)
 
@@ -129,8 +127,7 @@ def test_fp8_non_tn_is_refused_on_hopper() -> None:
             qb.data.cuda(),
             transa=True,
             transb=True,
-            a_scale_inv=qa.scale_inv.cuda(),
-            b_scale_inv=qb.scale_inv.cuda(),
+            **scales(qa, qb, "cuda"),
         )
 
 
@@ -163,10 +160,7 @@ def test_block_scaled_fp8(a_mode, b_mode, k, out_dtype, fb) -> None:
         qa.data.cuda(),
         qb.data.cuda(),
         transb=True,
-        a_scale_inv=qa.scale_inv.cuda(),
-        b_scale_inv=qb.scale_inv.cuda(),
-        a_scaling=a_mode,
-        b_scaling=b_mode,
+        **scales(qa, qb, "cuda"),
         bias=bias.cuda(),
         out=out,
     )
@@ -174,10 +168,7 @@ def test_block_scaled_fp8(a_mode, b_mode, k, out_dtype, fb) -> None:
         qa.data,
         qb.data,
         transb=True,
-        a_scale_inv=qa.scale_inv,
-        b_scale_inv=qb.scale_inv,
-        a_scaling=a_mode,
-        b_scaling=b_mode,
+        **scales(qa, qb),
         bias=bias,
     )
     check(out, ref, 1e-3 if out_dtype == torch.float32 else TOL[out_dtype])
@@ -197,10 +188,7 @@ def test_block_scaled_wgrad_accumulates_into_fp32() -> None:
         qa.data.cuda(),
         qb.data.cuda(),
         transb=True,
-        a_scale_inv=qa.scale_inv.cuda(),
-        b_scale_inv=qb.scale_inv.cuda(),
-        a_scaling=ScalingMode.BLOCK_1X128,
-        b_scaling=ScalingMode.BLOCK_1X128,
+        **scales(qa, qb, "cuda"),
         out=main_grad,
         beta=1.0,
     )
@@ -208,10 +196,7 @@ def test_block_scaled_wgrad_accumulates_into_fp32() -> None:
         qa.data,
         qb.data,
         transb=True,
-        a_scale_inv=qa.scale_inv,
-        b_scale_inv=qb.scale_inv,
-        a_scaling=ScalingMode.BLOCK_1X128,
-        b_scaling=ScalingMode.BLOCK_1X128,
+        **scales(qa, qb),
         beta=1.0,
         old=old,
     )
@@ -223,9 +208,7 @@ def test_fp8_output_scale_and_amax(out_fmt) -> None:
     qa = per_tensor_fp8(varied(M, K, seed=15), E4M3)
     qb = per_tensor_fp8(varied(N, K, seed=16), E5M2)
     bias = randn(N, seed=17, dtype=torch.bfloat16)
-    v = reference(
-        qa.data, qb.data, transb=True, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv, bias=bias
-    )
+    v = reference(qa.data, qb.data, transb=True, **scales(qa, qb), bias=bias)
     scale_value = 200.0 / float(v.abs().max())
     scale = torch.tensor([scale_value], device="cuda")
     amax = torch.full((1,), float("nan"), device="cuda")
@@ -234,8 +217,7 @@ def test_fp8_output_scale_and_amax(out_fmt) -> None:
         qa.data.cuda(),
         qb.data.cuda(),
         transb=True,
-        a_scale_inv=qa.scale_inv.cuda(),
-        b_scale_inv=qb.scale_inv.cuda(),
+        **scales(qa, qb, "cuda"),
         bias=bias.cuda(),
         out=out,
         out_scale=scale,
@@ -272,8 +254,7 @@ def test_fp8_bias_and_gelu(gelu) -> None:
         qa.data.cuda(),
         qb.data.cuda(),
         transb=True,
-        a_scale_inv=qa.scale_inv.cuda(),
-        b_scale_inv=qb.scale_inv.cuda(),
+        **scales(qa, qb, "cuda"),
         bias=bias.cuda(),
         gelu=gelu,
         out=out,
@@ -282,8 +263,7 @@ def test_fp8_bias_and_gelu(gelu) -> None:
         qa.data,
         qb.data,
         transb=True,
-        a_scale_inv=qa.scale_inv,
-        b_scale_inv=qb.scale_inv,
+        **scales(qa, qb),
         bias=bias,
         gelu=gelu,
     )
@@ -403,12 +383,11 @@ def test_gpu_matches_host_reference_for_block_scaling() -> None:
     qa = block_fp8(varied(m, k, seed=43), E4M3, ScalingMode.BLOCK_1X128)
     qb = block_fp8(varied(n, k, seed=44), E4M3, ScalingMode.BLOCK_128X128)
     kw = dict(transb=True, a_scaling=ScalingMode.BLOCK_1X128, b_scaling=ScalingMode.BLOCK_128X128)
-    host = gemm(qa.data, qb.data, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv, **kw)
+    host = gemm(qa.data, qb.data, **scales(qa, qb), **kw)
     dev = gemm(
         qa.data.cuda(),
         qb.data.cuda(),
-        a_scale_inv=qa.scale_inv.cuda(),
-        b_scale_inv=qb.scale_inv.cuda(),
+        **scales(qa, qb, "cuda"),
         **kw,
     )
     check(dev, host.double(), TOL[torch.bfloat16])

@@ -15,6 +15,7 @@ from tests.unit.gemm_reference import (  # noqa: E402
     per_tensor_fp8,
     randn,
     reference,
+    scales,
     to_fp8,
 )
 
@@ -106,13 +107,10 @@ def test_fp8_per_tensor(fa, fb, out_dtype) -> None:
         qa.data,
         qb.data,
         transb=True,
-        a_scale_inv=qa.scale_inv,
-        b_scale_inv=qb.scale_inv,
+        **scales(qa, qb),
         out_dtype=out_dtype,
     )
-    ref = reference(
-        qa.data, qb.data, transb=True, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv
-    )
+    ref = reference(qa.data, qb.data, transb=True, **scales(qa, qb))
     close(y, ref, out_dtype)
 
 
@@ -120,10 +118,8 @@ def test_fp8_non_tn_layout_runs_on_host() -> None:
     """The TN rule is sm_90's; the host reference computes any layout."""
     qa = per_tensor_fp8(randn(K, 32, seed=13), E4M3)  # stored [k, m], 32-byte rows
     qb = per_tensor_fp8(randn(K, N, seed=14), E4M3)  # stored [k, n]
-    y = gemm(qa.data, qb.data, transa=True, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv)
-    ref = reference(
-        qa.data, qb.data, transa=True, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv
-    )
+    y = gemm(qa.data, qb.data, transa=True, **scales(qa, qb))
+    ref = reference(qa.data, qb.data, transa=True, **scales(qa, qb))
     close(y, ref, torch.bfloat16)
 
 
@@ -138,16 +134,13 @@ def test_fp8_output_scale_and_amax(out_fmt) -> None:
         qa.data,
         qb.data,
         transb=True,
-        a_scale_inv=qa.scale_inv,
-        b_scale_inv=qb.scale_inv,
+        **scales(qa, qb),
         bias=bias,
         out_dtype=out_fmt,
         out_scale=scale,
         out_amax=amax,
     )
-    v = reference(
-        qa.data, qb.data, transb=True, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv, bias=bias
-    )
+    v = reference(qa.data, qb.data, transb=True, **scales(qa, qb), bias=bias)
     assert y.dtype == out_fmt
     torch.testing.assert_close(amax, v.abs().max().float().reshape(1), rtol=1e-6, atol=0)
     # One unit in the last place of the FP8 format at most (rounding ties of v * scale).
@@ -178,10 +171,7 @@ def test_block_scaled_fp8_with_partial_blocks(a_mode, b_mode, out_dtype) -> None
         qa.data,
         qb.data,
         transb=True,
-        a_scale_inv=qa.scale_inv,
-        b_scale_inv=qb.scale_inv,
-        a_scaling=a_mode,
-        b_scaling=b_mode,
+        **scales(qa, qb),
         bias=bias,
         out_dtype=out_dtype,
     )
@@ -189,10 +179,7 @@ def test_block_scaled_fp8_with_partial_blocks(a_mode, b_mode, out_dtype) -> None
         qa.data,
         qb.data,
         transb=True,
-        a_scale_inv=qa.scale_inv,
-        b_scale_inv=qb.scale_inv,
-        a_scaling=a_mode,
-        b_scaling=b_mode,
+        **scales(qa, qb),
         bias=bias,
     )
     close(y, ref, out_dtype)
@@ -236,7 +223,7 @@ def test_rejects_uint8_and_unsupported_dtypes() -> None:
 def test_rejects_e5m2_times_e5m2() -> None:
     qa, qb = fp8_pair(E5M2, E5M2)
     with pytest.raises(UnsupportedHardwareError, match="e5m2 x float8_e5m2 has no cuBLASLt kernel"):
-        gemm(qa.data, qb.data, transb=True, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv)
+        gemm(qa.data, qb.data, transb=True, **scales(qa, qb))
 
 
 def test_rejects_missing_or_extra_scales() -> None:
@@ -286,10 +273,7 @@ def block_call(**kw):
     qb = block_fp8(randn(n, k, seed=26), E4M3, b_mode)
     args = dict(
         transb=True,
-        a_scale_inv=qa.scale_inv,
-        b_scale_inv=qb.scale_inv,
-        a_scaling=a_mode,
-        b_scaling=b_mode,
+        **scales(qa, qb),
     )
     args.update(kw)
     return gemm(qa.data, qb.data, **args)
@@ -315,9 +299,7 @@ def test_block_scaling_rules() -> None:
             qa.data,
             qb.data,
             transb=True,
-            a_scale_inv=qa.scale_inv,
-            b_scale_inv=qb.scale_inv,
-            a_scaling=ScalingMode.BLOCK_1X128,
+            **scales(qa, qb),
         )
 
 
@@ -330,10 +312,7 @@ def test_block_scaled_operands_must_be_k_contiguous() -> None:
             qb.data,
             transa=True,
             transb=True,
-            a_scale_inv=qa.scale_inv,
-            b_scale_inv=qb.scale_inv,
-            a_scaling=ScalingMode.BLOCK_1X128,
-            b_scaling=ScalingMode.BLOCK_128X128,
+            **scales(qa, qb),
         )
 
 
@@ -346,12 +325,12 @@ def test_rejects_fp8_k_not_multiple_of_16() -> None:
     wb[:, :40] = qb.data.view(torch.uint8)
     qa.data, qb.data = wa.view(E4M3)[:, :40], wb.view(E4M3)[:, :40]
     with pytest.raises(InvalidArgumentError, match="K a multiple of 16, got K = 40"):
-        gemm(qa.data, qb.data, transb=True, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv)
+        gemm(qa.data, qb.data, transb=True, **scales(qa, qb))
 
 
 def test_fp8_output_rules() -> None:
     qa, qb = fp8_pair()
-    common = dict(transb=True, a_scale_inv=qa.scale_inv, b_scale_inv=qb.scale_inv)
+    common = dict(transb=True, **scales(qa, qb))
     with pytest.raises(InvalidArgumentError, match="needs its quantization scale"):
         gemm(qa.data, qb.data, out_dtype=E4M3, **common)
     with pytest.raises(InvalidArgumentError, match=r"cannot write float8_e5m2"):
@@ -376,8 +355,7 @@ def test_rejects_bias_of_wrong_dtype_or_length() -> None:
             qa.data,
             qb.data,
             transb=True,
-            a_scale_inv=qa.scale_inv,
-            b_scale_inv=qb.scale_inv,
+            **scales(qa, qb),
             out_dtype=torch.float32,
             bias=randn(N),
         )

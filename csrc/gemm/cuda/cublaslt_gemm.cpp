@@ -77,60 +77,46 @@ cublasLtMatmulMatrixScale_t cuda_scale_mode(ScalingMode mode) {
 
 // ---- RAII owners of the per-call cuBLASLt descriptors (host objects) -------------------------
 
-class MatmulDesc {
+// Owns one cuBLASLt descriptor. Descriptors live in host memory, so destroying one needs no
+// device and is safe at any time, finalization included.
+template <typename Handle, cublasStatus_t (*Destroy)(Handle)>
+class LtObject {
  public:
-  MatmulDesc(cublasComputeType_t compute, cudaDataType_t scale) {
-    OVERLAP_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc_, compute, scale));
+  LtObject() = default;
+  ~LtObject() {
+    if (handle_ != nullptr) Destroy(handle_);
   }
-  ~MatmulDesc() {
-    if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);  // host memory only
-  }
-  MatmulDesc(const MatmulDesc&) = delete;
-  MatmulDesc& operator=(const MatmulDesc&) = delete;
-  template <typename T>
-  void set(cublasLtMatmulDescAttributes_t attr, const T& value) {
-    OVERLAP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, attr, &value, sizeof(value)));
-  }
-  cublasLtMatmulDesc_t get() const { return desc_; }
+  LtObject(const LtObject&) = delete;
+  LtObject& operator=(const LtObject&) = delete;
+  Handle* out() { return &handle_; }  // for the Create call
+  Handle get() const { return handle_; }
 
  private:
-  cublasLtMatmulDesc_t desc_ = nullptr;
+  Handle handle_ = nullptr;
 };
 
-class MatrixLayout {
- public:
-  MatrixLayout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    OVERLAP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(
-        &layout_, type, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld));
-  }
-  ~MatrixLayout() {
-    if (layout_ != nullptr) cublasLtMatrixLayoutDestroy(layout_);
-  }
-  MatrixLayout(const MatrixLayout&) = delete;
-  MatrixLayout& operator=(const MatrixLayout&) = delete;
-  cublasLtMatrixLayout_t get() const { return layout_; }
+using MatmulDesc = LtObject<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using MatrixLayout = LtObject<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using MatmulPreference = LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
- private:
-  cublasLtMatrixLayout_t layout_ = nullptr;
-};
+template <typename T>
+void set(const MatmulDesc& desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  OVERLAP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.get(), attr, &value, sizeof(value)));
+}
 
-class MatmulPreference {
- public:
-  MatmulPreference() { OVERLAP_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref_)); }
-  ~MatmulPreference() {
-    if (pref_ != nullptr) cublasLtMatmulPreferenceDestroy(pref_);
-  }
-  MatmulPreference(const MatmulPreference&) = delete;
-  MatmulPreference& operator=(const MatmulPreference&) = delete;
-  template <typename T>
-  void set(cublasLtMatmulPreferenceAttributes_t attr, const T& value) {
-    OVERLAP_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref_, attr, &value, sizeof(value)));
-  }
-  cublasLtMatmulPreference_t get() const { return pref_; }
+template <typename T>
+void set(const MatmulPreference& pref, cublasLtMatmulPreferenceAttributes_t attr, const T& value) {
+  OVERLAP_CHECK_CUBLAS(
+      cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &value, sizeof(value)));
+}
 
- private:
-  cublasLtMatmulPreference_t pref_ = nullptr;
-};
+// A column-major [rows, cols] layout with leading dimension ld.
+void init_layout(MatrixLayout& layout, DType dtype, std::int64_t rows, std::int64_t cols,
+                 std::int64_t ld) {
+  OVERLAP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(layout.out(), cuda_type(dtype),
+                                                  static_cast<std::uint64_t>(rows),
+                                                  static_cast<std::uint64_t>(cols), ld));
+}
 
 // The largest power of two (<= 256) dividing the address: what cuBLASLt's kernels may assume.
 std::uint32_t alignment_of(const void* p) {
@@ -209,50 +195,53 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
   const cublasOperation_t op_b = a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   const std::size_t out_esize = dtype_size(d.dtype);
   void* d_ptr = static_cast<char*>(d.data) + d.row_offset * d.ld * out_esize;
-  MatrixLayout a_layout(cuda_type(b.dtype), b.cols, b.rows, b.ld);
-  MatrixLayout b_layout(cuda_type(a.dtype), a.cols, a.rows, a.ld);
-  MatrixLayout d_layout(cuda_type(d.dtype), s.n, s.m, d.ld);
+  MatrixLayout a_layout, b_layout, c_layout, d_layout;
+  init_layout(a_layout, b.dtype, b.cols, b.rows, b.ld);
+  init_layout(b_layout, a.dtype, a.cols, a.rows, a.ld);
+  init_layout(d_layout, d.dtype, s.n, s.m, d.ld);
   // FP8 outputs take a bf16/fp16 C that is never read (beta = 0 is enforced); its type
   // follows the bias, as cuBLASLt requires. Other outputs accumulate in place: C is D.
   const DType c_dtype = !fp8_out                                                 ? d.dtype
                         : (o.bias != nullptr && o.bias_dtype == DType::kFloat16) ? DType::kFloat16
                                                                                  : DType::kBFloat16;
-  MatrixLayout c_layout(cuda_type(c_dtype), s.n, s.m, d.ld);
+  init_layout(c_layout, c_dtype, s.n, s.m, d.ld);
   const void* c_ptr = fp8_out ? nullptr : d_ptr;
 
-  // float32 inputs use true float32 tensor-core-free math, like torch.mm's default.
-  MatmulDesc desc(CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a);
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b);
-  if (o.sm_count > 0) desc.set(CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, std::int32_t{o.sm_count});
+  // bf16/fp16/FP8 run on tensor cores with float32 accumulation; float32 inputs get full
+  // float32 math (no TF32), like torch.mm's default.
+  MatmulDesc desc;
+  OVERLAP_CHECK_CUBLAS(cublasLtMatmulDescCreate(desc.out(), CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  set(desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+  set(desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  if (o.sm_count > 0) set(desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, std::int32_t{o.sm_count});
   if (fp8) {
-    desc.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<std::int8_t>(o.fast_accum ? 1 : 0));
-    desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-             static_cast<std::int32_t>(cuda_scale_mode(b.scaling)));
-    desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-             static_cast<std::int32_t>(cuda_scale_mode(a.scaling)));
+    set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<std::int8_t>(o.fast_accum ? 1 : 0));
+    set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+        static_cast<std::int32_t>(cuda_scale_mode(b.scaling)));
+    set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+        static_cast<std::int32_t>(cuda_scale_mode(a.scaling)));
     if (!block) {
-      desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b.scale_inv));
-      desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a.scale_inv));
+      set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b.scale_inv));
+      set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a.scale_inv));
     }
   }
   if (fp8_out) {
-    desc.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(d.scale));
+    set(desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(d.scale));
     if (d.amax != nullptr)
-      desc.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(d.amax));
+      set(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(d.amax));
   }
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   if (o.bias != nullptr) {
     epilogue = o.gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, o.bias);
+    set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, o.bias);
     // Non-FP8 GEMMs take the bias in D's type (the default); FP8 ones name it.
     if (fp8)
-      desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-               static_cast<std::int32_t>(cuda_type(o.bias_dtype)));
+      set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+          static_cast<std::int32_t>(cuda_type(o.bias_dtype)));
   } else if (o.gelu) {
     epilogue = CUBLASLT_EPILOGUE_GELU;
   }
-  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
 
   // NOTE [gemm cache key]: everything the heuristic sees. The descriptors' scale and bias
   // POINTERS are not in it (they do not change the choice); their presence and the pointers'
@@ -293,11 +282,12 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
   cublasLtMatmulAlgo_t algo;
   if (!ctx->find_algo(key, &algo)) {
     MatmulPreference pref;
-    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, fp8_out ? std::uint32_t{256} : align_d);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
+    OVERLAP_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(pref.out()));
+    set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
+    set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+    set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+    set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, fp8_out ? std::uint32_t{256} : align_d);
+    set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
     cublasLtMatmulHeuristicResult_t result = {};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
@@ -324,8 +314,8 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
         stage_scales(a, reinterpret_cast<float*>(scratch.data() + a_off), stream);
     const float* b_scales =
         stage_scales(b, reinterpret_cast<float*>(scratch.data() + b_off), stream);
-    desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b_scales));
-    desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a_scales));
+    set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b_scales));
+    set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a_scales));
   }
   const float alpha = o.alpha;
   const float beta = fp8_out ? 0.0f : o.beta;
