@@ -391,3 +391,12 @@ def test_gpu_matches_host_reference_for_block_scaling() -> None:
         **kw,
     )
     check(dev, host.double(), TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu(2)
+def test_rejects_a_stream_of_another_device() -> None:
+    a = varied(M, K, seed=45, dtype=torch.bfloat16).cuda(0)
+    b = varied(N, K, seed=46, dtype=torch.bfloat16).cuda(0)
+    other = torch.cuda.Stream(device=1)
+    with pytest.raises(InvalidArgumentError, match="the stream belongs to cuda:1"):
+        gemm(a, b, transb=True, stream=other)

@@ -189,6 +189,11 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
                       << cublasLtGetVersion());
   }
   DeviceGuard guard(device);
+  int stream_device = device;
+  OVERLAP_CHECK_CUDA(cudaStreamGetDevice(stream, &stream_device));
+  OVERLAP_CHECK_ARG(stream_device == device, "gemm: the stream belongs to cuda:"
+                                                 << stream_device << " but the tensors are on cuda:"
+                                                 << device << "; pass a stream of cuda:" << device);
 
   // NOTE [row-major mapping]: cuBLAS A = our B, cuBLAS B = our A, cuBLAS D = D^T.
   const cublasOperation_t op_a = b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
