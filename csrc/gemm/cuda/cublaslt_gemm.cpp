@@ -225,10 +225,10 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
         static_cast<std::int32_t>(cuda_scale_mode(b.scaling)));
     set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
         static_cast<std::int32_t>(cuda_scale_mode(a.scaling)));
-    if (!block) {
-      set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b.scale_inv));
-      set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a.scale_inv));
-    }
+    // Block scales are replaced by their staged copies below; the heuristic sees a pointer
+    // either way.
+    set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b.scale_inv));
+    set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a.scale_inv));
   }
   if (fp8_out) {
     set(desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(d.scale));
