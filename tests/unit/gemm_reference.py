@@ -109,3 +109,35 @@ def block_fp8(x: torch.Tensor, fmt: torch.dtype, mode: ScalingMode) -> Fp8Operan
 def randn(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
+
+
+def run_fp8(
+    qa: Fp8Operand,
+    qb: Fp8Operand,
+    out: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    gelu: bool = False,
+    beta: float = 0.0,
+    **options: object,
+) -> torch.Tensor:
+    """Runs the K-contiguous FP8 GEMM ``qa @ qb^T`` into ``out`` on out's device (operands,
+    scales and bias are moved there) and returns the float64 reference ``v`` of that call."""
+    from overlap.gemm import gemm
+
+    device = str(out.device)
+    old = out.cpu() if beta != 0.0 else None
+    gemm(
+        qa.data.to(device),
+        qb.data.to(device),
+        transb=True,
+        **scales(qa, qb, device),
+        bias=None if bias is None else bias.to(device),
+        gelu=gelu,
+        beta=beta,
+        out=out,
+        **options,
+    )
+    return reference(
+        qa.data, qb.data, transb=True, **scales(qa, qb), bias=bias, gelu=gelu, beta=beta, old=old
+    )

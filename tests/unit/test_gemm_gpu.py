@@ -24,6 +24,7 @@ from tests.unit.gemm_reference import (  # noqa: E402
     per_tensor_fp8,
     randn,
     reference,
+    run_fp8,
     scales,
     to_fp8,
 )
@@ -89,15 +90,7 @@ def test_fp8_per_tensor(fa, fb, out_dtype, fast_accum) -> None:
     qa = per_tensor_fp8(varied(M, K, seed=3), fa)
     qb = per_tensor_fp8(varied(N, K, seed=4), fb)
     out = poisoned(M, N, out_dtype)
-    gemm(
-        qa.data.cuda(),
-        qb.data.cuda(),
-        transb=True,
-        **scales(qa, qb, "cuda"),
-        out=out,
-        fast_accum=fast_accum,
-    )
-    ref = reference(qa.data, qb.data, transb=True, **scales(qa, qb))
+    ref = run_fp8(qa, qb, out, fast_accum=fast_accum)
     tol = FP8_TOL[fast_accum] if out_dtype == torch.float32 else TOL[out_dtype]
     check(out, ref, tol)
 
@@ -156,21 +149,7 @@ def test_block_scaled_fp8(a_mode, b_mode, k, out_dtype, fb) -> None:
     qb = block_fp8(varied(n, k, seed=10), fb, b_mode)
     bias = randn(n, seed=11, dtype=torch.bfloat16)
     out = poisoned(m, n, out_dtype)
-    gemm(
-        qa.data.cuda(),
-        qb.data.cuda(),
-        transb=True,
-        **scales(qa, qb, "cuda"),
-        bias=bias.cuda(),
-        out=out,
-    )
-    ref = reference(
-        qa.data,
-        qb.data,
-        transb=True,
-        **scales(qa, qb),
-        bias=bias,
-    )
+    ref = run_fp8(qa, qb, out, bias=bias)
     check(out, ref, 1e-3 if out_dtype == torch.float32 else TOL[out_dtype])
 
 
@@ -183,24 +162,7 @@ def test_block_scaled_wgrad_accumulates_into_fp32() -> None:
     qa = block_fp8(varied(m, k, seed=12), E4M3, ScalingMode.BLOCK_1X128)
     qb = block_fp8(varied(n, k, seed=13), E4M3, ScalingMode.BLOCK_1X128)
     main_grad = randn(m, n, seed=14).cuda()
-    old = main_grad.cpu()
-    gemm(
-        qa.data.cuda(),
-        qb.data.cuda(),
-        transb=True,
-        **scales(qa, qb, "cuda"),
-        out=main_grad,
-        beta=1.0,
-    )
-    ref = reference(
-        qa.data,
-        qb.data,
-        transb=True,
-        **scales(qa, qb),
-        beta=1.0,
-        old=old,
-    )
-    check(main_grad, ref, 1e-3)
+    check(main_grad, run_fp8(qa, qb, main_grad, beta=1.0), 1e-3)
 
 
 @pytest.mark.parametrize("out_fmt", [E4M3, E5M2], ids=str)
@@ -213,16 +175,7 @@ def test_fp8_output_scale_and_amax(out_fmt) -> None:
     scale = torch.tensor([scale_value], device="cuda")
     amax = torch.full((1,), float("nan"), device="cuda")
     out = poisoned(M, N, out_fmt)
-    gemm(
-        qa.data.cuda(),
-        qb.data.cuda(),
-        transb=True,
-        **scales(qa, qb, "cuda"),
-        bias=bias.cuda(),
-        out=out,
-        out_scale=scale,
-        out_amax=amax,
-    )
+    run_fp8(qa, qb, out, bias=bias, out_scale=scale, out_amax=amax)
     torch.testing.assert_close(amax.cpu().double(), v.abs().max().reshape(1), rtol=5e-3, atol=0)
     got = out.cpu().double()
     want = to_fp8(v, scale_value, out_fmt).double()
@@ -250,24 +203,7 @@ def test_fp8_bias_and_gelu(gelu) -> None:
     qb = per_tensor_fp8(varied(N, K, seed=22), E4M3)
     bias = randn(N, seed=23, dtype=torch.bfloat16) * 4
     out = poisoned(M, N, torch.bfloat16)
-    gemm(
-        qa.data.cuda(),
-        qb.data.cuda(),
-        transb=True,
-        **scales(qa, qb, "cuda"),
-        bias=bias.cuda(),
-        gelu=gelu,
-        out=out,
-    )
-    ref = reference(
-        qa.data,
-        qb.data,
-        transb=True,
-        **scales(qa, qb),
-        bias=bias,
-        gelu=gelu,
-    )
-    check(out, ref, TOL[torch.bfloat16])
+    check(out, run_fp8(qa, qb, out, bias=bias, gelu=gelu), TOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

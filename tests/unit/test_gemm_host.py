@@ -15,6 +15,7 @@ from tests.unit.gemm_reference import (  # noqa: E402
     per_tensor_fp8,
     randn,
     reference,
+    run_fp8,
     scales,
     to_fp8,
 )
@@ -103,15 +104,8 @@ def test_row_offset_into_poisoned_buffer_with_wide_rows() -> None:
 def test_fp8_per_tensor(fa, fb, out_dtype) -> None:
     qa = per_tensor_fp8(randn(M, K, seed=11), fa)
     qb = per_tensor_fp8(randn(N, K, seed=12), fb)
-    y = gemm(
-        qa.data,
-        qb.data,
-        transb=True,
-        **scales(qa, qb),
-        out_dtype=out_dtype,
-    )
-    ref = reference(qa.data, qb.data, transb=True, **scales(qa, qb))
-    close(y, ref, out_dtype)
+    y = torch.empty(M, N, dtype=out_dtype)
+    close(y, run_fp8(qa, qb, y), out_dtype)
 
 
 def test_fp8_non_tn_layout_runs_on_host() -> None:
@@ -128,20 +122,9 @@ def test_fp8_output_scale_and_amax(out_fmt) -> None:
     qa = per_tensor_fp8(randn(M, K, seed=15), E4M3)
     qb = per_tensor_fp8(randn(N, K, seed=16), E5M2)
     bias = randn(N, dtype=torch.bfloat16, seed=17)
-    scale = torch.tensor([3.0])
     amax = torch.full((1,), float("nan"))
-    y = gemm(
-        qa.data,
-        qb.data,
-        transb=True,
-        **scales(qa, qb),
-        bias=bias,
-        out_dtype=out_fmt,
-        out_scale=scale,
-        out_amax=amax,
-    )
-    v = reference(qa.data, qb.data, transb=True, **scales(qa, qb), bias=bias)
-    assert y.dtype == out_fmt
+    y = torch.empty(M, N, dtype=out_fmt)
+    v = run_fp8(qa, qb, y, bias=bias, out_scale=torch.tensor([3.0]), out_amax=amax)
     torch.testing.assert_close(amax, v.abs().max().float().reshape(1), rtol=1e-6, atol=0)
     # One unit in the last place of the FP8 format at most (rounding ties of v * scale).
     torch.testing.assert_close(
@@ -167,22 +150,8 @@ def test_block_scaled_fp8_with_partial_blocks(a_mode, b_mode, out_dtype) -> None
     qa = block_fp8(randn(m, k, seed=18) * torch.linspace(0.01, 10, k), E4M3, a_mode)
     qb = block_fp8(randn(n, k, seed=19), E4M3, b_mode)
     bias = randn(n, dtype=torch.bfloat16, seed=20)
-    y = gemm(
-        qa.data,
-        qb.data,
-        transb=True,
-        **scales(qa, qb),
-        bias=bias,
-        out_dtype=out_dtype,
-    )
-    ref = reference(
-        qa.data,
-        qb.data,
-        transb=True,
-        **scales(qa, qb),
-        bias=bias,
-    )
-    close(y, ref, out_dtype)
+    y = torch.empty(m, n, dtype=out_dtype)
+    close(y, run_fp8(qa, qb, y, bias=bias), out_dtype)
 
 
 def test_cache_stats_are_zero_without_gpu_gemms() -> None:
