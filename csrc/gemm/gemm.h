@@ -42,7 +42,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "common/dtype.h"
 #include "common/stream.h"
