@@ -7,4 +7,5 @@ PYBIND11_MODULE(_C, m) {
   overlap::bindings::register_common(m);
   overlap::bindings::register_kernels(m);
   overlap::bindings::register_comm(m);
+  overlap::bindings::register_gemm(m);
 }

@@ -70,6 +70,9 @@ def test_host_only_build_imports_and_reports_no_cuda(tmp_path: Path) -> None:
         assert "ABSENT" in summary()
         x = torch.randn(77)
         assert amax(x).item() == x.abs().max().item()
+        from overlap.gemm import gemm
+        a, b = torch.randn(16, 32), torch.randn(32, 8)
+        assert torch.allclose(gemm(a, b), a @ b, rtol=1e-5, atol=1e-5)
         try:
             overlap.require_cuda("the test")
         except overlap.UnsupportedHardwareError as exc:

@@ -1,0 +1,101 @@
+// GEMM entry points (overlap._C.gemm). The Python wrapper (overlap/gemm.py) allocates the
+// output and picks the stream; the core validates everything.
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "bindings/registry.h"
+#include "bindings/tensor_arg.h"
+#include "common/errors.h"
+#include "gemm/gemm.h"
+
+namespace py = pybind11;
+
+namespace overlap::bindings {
+
+namespace {
+
+// The `value` strings of overlap.quantization.ScalingMode, plus "none".
+gemm::ScalingMode scaling_from_py(const std::string& name, const char* what) {
+  static const std::pair<const char*, gemm::ScalingMode> kModes[] = {
+      {"none", gemm::ScalingMode::kNone},
+      {"tensor", gemm::ScalingMode::kTensor},
+      {"block_1x128", gemm::ScalingMode::kBlock1x128},
+      {"block_128x128", gemm::ScalingMode::kBlock128x128},
+      {"mxfp8_rowwise", gemm::ScalingMode::kMxfp8},
+      {"mxfp8_columnwise", gemm::ScalingMode::kMxfp8},
+  };
+  for (const auto& [n, mode] : kModes) {
+    if (name == n) return mode;
+  }
+  OVERLAP_THROW(kInvalidArgument, "gemm: " << what << " '" << name
+                                           << "' is not a scaling mode (none, tensor, "
+                                              "block_1x128, block_128x128, mxfp8_*)");
+}
+
+}  // namespace
+
+void register_gemm(py::module_& m) {
+  py::module_ g = m.def_submodule("gemm", "Row-major GEMM: cuBLASLt on CUDA, reference on CPU.");
+  g.def(
+      "gemm",
+      [](py::handle a, py::handle b, py::handle out, bool transa, bool transb,
+         py::handle a_scale_inv, py::handle b_scale_inv, const std::string& a_scaling,
+         const std::string& b_scaling, float alpha, float beta, py::handle bias, bool gelu,
+         py::handle out_scale, py::handle out_amax, bool fast_accum, int sm_count,
+         std::int64_t row_offset, std::uintptr_t stream) {
+        const TensorRef ar = tensor_ref_from_py(a, "a");
+        const TensorRef br = tensor_ref_from_py(b, "b");
+        const TensorRef outr = tensor_ref_from_py(out, "out");
+        const auto asi = optional_tensor_ref_from_py(a_scale_inv, "a_scale_inv");
+        const auto bsi = optional_tensor_ref_from_py(b_scale_inv, "b_scale_inv");
+        const auto biasr = optional_tensor_ref_from_py(bias, "bias");
+        const auto os = optional_tensor_ref_from_py(out_scale, "out_scale");
+        const auto oa = optional_tensor_ref_from_py(out_amax, "out_amax");
+        gemm::GemmTensorOptions o;
+        o.transa = transa;
+        o.transb = transb;
+        o.a_scaling = scaling_from_py(a_scaling, "a_scaling");
+        o.b_scaling = scaling_from_py(b_scaling, "b_scaling");
+        o.row_offset = row_offset;
+        o.options.alpha = alpha;
+        o.options.beta = beta;
+        o.options.gelu = gelu;
+        o.options.fast_accum = fast_accum;
+        o.options.sm_count = sm_count;
+        const gemm::GemmTensors t{&ar,      &br,        &outr,   ptr(asi),
+                                  ptr(bsi), ptr(biasr), ptr(os), ptr(oa)};
+        py::gil_scoped_release release;
+        gemm::gemm(t, o, stream_from_py(stream));
+      },
+      py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(), py::arg("transa") = false,
+      py::arg("transb") = false, py::arg("a_scale_inv") = py::none(),
+      py::arg("b_scale_inv") = py::none(), py::arg("a_scaling") = "none",
+      py::arg("b_scaling") = "none", py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
+      py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("out_scale") = py::none(),
+      py::arg("out_amax") = py::none(), py::arg("fast_accum") = false, py::arg("sm_count") = 0,
+      py::arg("row_offset") = 0, py::arg("stream") = 0,
+      "out[row_offset:row_offset+m] = epilogue(alpha op(a) @ op(b) + beta out + bias); see "
+      "csrc/gemm/gemm.h.");
+  g.def(
+      "cache_stats",
+      [](int device) {
+        const gemm::GemmCacheStats s = gemm::gemm_cache_stats(device);
+        py::dict d;
+        d["hits"] = s.hits;
+        d["misses"] = s.misses;
+        d["entries"] = s.entries;
+        return d;
+      },
+      py::arg("device"), "Heuristic-cache counters of a device: hits, misses, entries.");
+  g.def("clear_cache", &gemm::gemm_clear_cache, "Drop every cached cuBLASLt algorithm.");
+  g.def(
+      "release_resources",
+      [] {
+        py::gil_scoped_release release;
+        gemm::gemm_release_resources();
+      },
+      "Synchronise and release each device's cuBLASLt handle, scratch pool and cache.");
+}
+
+}  // namespace overlap::bindings

@@ -1,0 +1,112 @@
+// Per-device GEMM resources: the cuBLASLt handle, a stream-ordered scratch pool for
+// workspaces, and the algorithm-heuristics cache. CUDA builds only.
+//
+// NOTE [gemm workspace]: overlap runs GEMMs on several compute streams at once (one per
+// chunk of a ring). A single workspace per device would be shared by GEMMs running
+// concurrently on different streams, and cuBLASLt's split-K kernels would corrupt each
+// other's partial sums. So every GEMM draws its 32 MiB workspace (and the block-scale
+// staging of NOTE [cublaslt block scale layout]) from the context's own memory pool with
+// cudaMallocAsync on its stream and returns it with cudaFreeAsync right after enqueueing:
+// stream order makes the reuse safe, the pool keeps the memory reserved (release threshold
+// = max), no call synchronises the host, and concurrent streams get distinct blocks. The
+// pool is private, so torch's caching allocator and the device's default pool are untouched.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "gemm/gemm.h"
+
+namespace overlap::gemm {
+
+// Everything that decides which cuBLASLt algorithm is valid and best (NOTE [gemm cache key]
+// in cublaslt_gemm.cpp lists the fields).
+constexpr std::size_t kAlgoKeyFields = 32;
+using AlgoKey = std::array<std::int64_t, kAlgoKeyFields>;
+
+struct AlgoKeyHash {
+  std::size_t operator()(const AlgoKey& key) const noexcept;
+};
+
+// RAII owner of a cuBLASLt handle.
+class LtHandle {
+ public:
+  LtHandle();
+  ~LtHandle();
+  LtHandle(const LtHandle&) = delete;
+  LtHandle& operator=(const LtHandle&) = delete;
+  cublasLtHandle_t get() const { return handle_; }
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+};
+
+// RAII owner of a private device memory pool that keeps what it reserved.
+class MemPool {
+ public:
+  explicit MemPool(int device);
+  ~MemPool();
+  MemPool(const MemPool&) = delete;
+  MemPool& operator=(const MemPool&) = delete;
+  cudaMemPool_t get() const { return pool_; }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
+class GemmContext {
+ public:
+  explicit GemmContext(int device);
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+
+  int device() const { return device_; }
+  const GemmTarget& target() const { return target_; }
+  cublasLtHandle_t handle() const { return handle_.get(); }
+  cudaMemPool_t pool() const { return pool_.get(); }
+
+  // The cached algorithm for `key`, counting a hit or a miss.
+  bool find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo);
+  void insert_algo(const AlgoKey& key, const cublasLtMatmulAlgo_t& algo);
+  GemmCacheStats stats() const;
+  void clear_cache();
+
+ private:
+  int device_;
+  GemmTarget target_;
+  // Destroyed in reverse order: the pool, then the handle.
+  LtHandle handle_;
+  MemPool pool_;
+  mutable std::mutex mutex_;  // guards the cache and its counters
+  std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> cache_;
+  std::int64_t hits_ = 0;
+  std::int64_t misses_ = 0;
+};
+
+// The context of `device`, created on first use. Shared ownership: a GEMM in progress keeps
+// its context alive even if gemm_release_resources() runs on another thread.
+std::shared_ptr<GemmContext> gemm_context(int device);
+
+// Stream-ordered scratch memory from a context's pool, freed (stream-ordered) on destruction.
+class ScratchBuffer {
+ public:
+  ScratchBuffer(cudaMemPool_t pool, std::size_t bytes, cudaStream_t stream);
+  ~ScratchBuffer();
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+
+  char* data() const { return static_cast<char*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+}  // namespace overlap::gemm

@@ -1,0 +1,181 @@
+// GEMM with row-major semantics: D = epilogue(alpha * op(A) @ op(B) + beta * D_old + bias).
+//
+// The one GEMM of the library: the cuBLASLt path for CUDA memory, a plain C++ reference for
+// host memory (the host transport's GEMM and the tests' oracle). Both take the same typed
+// arguments and run the same validation, so a call the GPU would refuse is refused on the
+// host as well (hardware-only rules aside, see GemmTarget).
+//
+// Shapes, in row-major terms (what a framework tensor looks like):
+//
+//   A stored [m, k] (transposed = false) or [k, m] (transposed = true);   op(A) is [m, k]
+//   B stored [k, n] (transposed = false) or [n, k] (transposed = true);   op(B) is [k, n]
+//   D is rows [row_offset, row_offset + m) x cols [0, n) of a row-major buffer with
+//     leading dimension ld (elements between consecutive rows), ld >= n.
+//
+// A linear layer's forward Y = X W^T is A = X [tokens, in] and B = W [out, in] transposed.
+//
+// NOTE [fp8 layout]: cuBLASLt FP8 GEMMs on sm_90 only exist for both operands K-contiguous
+// ("TN" in cuBLAS terms, DESIGN.md §4): A not transposed and B transposed, in row-major terms.
+// Other layouts of FP8 operands raise kUnsupported on sm_90 (pass the columnwise data, the
+// transpose, instead); the host reference and newer GPUs accept them for per-tensor scaling.
+//
+// NOTE [gemm scaling]: an FP8 operand is dequantized as x = float(q) * scale_inv, where
+//   kTensor      scale_inv has 1 element;
+//   kBlock1x128  scale_inv is [rows, ceil(cols/128)] for data stored [rows, cols]: one scale
+//                per 128 consecutive elements of a stored row (activations, gradients);
+//   kBlock128x128 scale_inv is [ceil(rows/128), ceil(cols/128)]: one per 128x128 tile
+//                (weights);
+// all float32, contiguous, unpadded: exactly what kernels/block_scaling.h produces. Block-
+// scaled operands must be K-contiguous (the blocks run along K) and the GEMM converts their
+// scales to cuBLASLt's layout itself (NOTE [cublaslt block scale layout] in
+// gemm/cuda/cublaslt_gemm.cpp). MXFP8 operands are refused (kUnsupported): cuBLASLt has no
+// MXFP8 GEMM on Hopper; dequantize them and run a BF16 GEMM (DESIGN.md §4).
+//
+// NOTE [gemm output]: D (before rounding) is
+//   v = alpha * sum_k op(A)[i, k] * op(B)[k, j] + beta * D_old[i, j] + bias[j]
+//   v = gelu_tanh(v)                      (when gelu; the tanh approximation, see below)
+// and is stored as out_dtype: float32/bfloat16/float16 round to nearest even; FP8 outputs
+// store fp8(v * out_scale) (saturating, NOTE [fp8 encoding]) and amax receives max |v| (before
+// out_scale). gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) is what
+// cuBLASLt's GELU epilogues compute (torch decomposes its cuBLASLt-backed _addmm_activation
+// into gelu(approximate="tanh") on CUDA for that reason).
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "common/stream.h"
+#include "common/tensor_ref.h"
+
+namespace overlap::gemm {
+
+enum class ScalingMode : int {
+  kNone = 0,          // bf16/fp16/fp32 operands: no scale
+  kTensor = 1,        // FP8, one float32 scale_inv
+  kBlock1x128 = 2,    // FP8, float32 scale_inv per 1x128 block along K
+  kBlock128x128 = 3,  // FP8, float32 scale_inv per 128x128 tile
+  kMxfp8 = 4,         // FP8, E8M0 per 1x32 block: refused (see NOTE [gemm scaling])
+};
+
+const char* scaling_mode_name(ScalingMode mode);
+
+// One input matrix, stored row-major [rows, cols] with leading dimension ld >= cols.
+struct GemmOperand {
+  const void* data = nullptr;
+  DType dtype = DType::kBFloat16;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t ld = 0;      // elements between consecutive stored rows
+  bool transposed = false;  // op(X) = X^T
+  ScalingMode scaling = ScalingMode::kNone;
+  const float* scale_inv = nullptr;  // same memory space as data; layout per NOTE [gemm scaling]
+};
+
+// The output region: rows [row_offset, row_offset + m) of a row-major buffer of `rows` rows.
+struct GemmOutput {
+  void* data = nullptr;  // the whole buffer (row 0)
+  DType dtype = DType::kBFloat16;
+  std::int64_t rows = 0;         // rows of the whole buffer
+  std::int64_t cols = 0;         // columns written: must equal n
+  std::int64_t ld = 0;           // elements between consecutive rows, >= cols
+  std::int64_t row_offset = 0;   // first row written
+  const float* scale = nullptr;  // FP8 outputs: quantization scale, 1 element (required)
+  float* amax = nullptr;         // FP8 outputs: receives max |v| (optional)
+};
+
+struct GemmOptions {
+  float alpha = 1.0f;
+  float beta = 0.0f;  // != 0: accumulate into D (D is also C); non-FP8 outputs only
+  // FP8 per-tensor only: let the tensor cores accumulate without periodic promotion to
+  // float32 (faster, less accurate). Block-scaled GEMMs always use the split accumulator.
+  bool fast_accum = false;
+  const void* bias = nullptr;  // [n], same memory space as the operands
+  DType bias_dtype = DType::kBFloat16;
+  bool gelu = false;  // tanh-approximated GELU after bias (NOTE [gemm output])
+  int sm_count = 0;   // CUDA only: SMs the GEMM should plan for (0 = all of the device)
+};
+
+// The problem after validation, in row-major terms.
+struct GemmShape {
+  std::int64_t m = 0;
+  std::int64_t n = 0;
+  std::int64_t k = 0;
+};
+
+// Where a validated GEMM will run: the host reference, or a GPU of this compute capability.
+// Rules that only hold for a given GPU (NOTE [fp8 layout], Hopper-only block scaling) are
+// checked for GPU targets only.
+struct GemmTarget {
+  bool host = true;
+  int cc_major = 0;
+  int cc_minor = 0;
+  int sm_count = 0;
+};
+
+// Checks every argument and combination; throws kInvalidArgument for a wrong call (shapes,
+// dtypes, missing or extra scales, alignment) and kUnsupported for a valid call that no
+// kernel implements on `target` (e5m2 x e5m2, MXFP8, FP8 layout on sm_90, ...). Never touches
+// memory. Returns m, n, k.
+GemmShape validate_gemm(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
+                        const GemmOptions& options, const GemmTarget& target);
+
+// The host reference: all pointers are host memory. Accumulates in float64 after
+// dequantizing every operand element exactly (NOTE [gemm output]).
+void gemm_host(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
+               const GemmOptions& options);
+
+#ifdef OVERLAP_WITH_CUDA
+// cuBLASLt on `device`, enqueued on `stream` with no host synchronisation. All pointers are
+// device memory of `device`.
+void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
+               const GemmOptions& options, int device, cudaStream_t stream);
+#endif
+
+// ---- tensor front end (what the bindings call) ------------------------------------------
+
+// The GEMM's tensors. a, b: 2-D; scale_inv tensors float32 (layout per NOTE [gemm scaling]);
+// out: 2-D [rows, n] with unit column stride (a view of a larger buffer is fine); bias [n];
+// out_scale, out_amax float32 with one element. nullptr = not given.
+struct GemmTensors {
+  const TensorRef* a = nullptr;
+  const TensorRef* b = nullptr;
+  const TensorRef* out = nullptr;
+  const TensorRef* a_scale_inv = nullptr;
+  const TensorRef* b_scale_inv = nullptr;
+  const TensorRef* bias = nullptr;
+  const TensorRef* out_scale = nullptr;
+  const TensorRef* out_amax = nullptr;
+};
+
+struct GemmTensorOptions {
+  bool transa = false;
+  bool transb = false;
+  ScalingMode a_scaling = ScalingMode::kNone;
+  ScalingMode b_scaling = ScalingMode::kNone;
+  std::int64_t row_offset = 0;
+  GemmOptions options;
+};
+
+// Validates the tensors (devices, strides, scale shapes), then runs gemm_host for CPU tensors
+// and gemm_cuda for CUDA tensors.
+void gemm(const GemmTensors& t, const GemmTensorOptions& o, cudaStream_t stream);
+
+// ---- CUDA resources (per device) ----------------------------------------------------------
+
+struct GemmCacheStats {
+  std::int64_t hits = 0;
+  std::int64_t misses = 0;
+  std::int64_t entries = 0;
+};
+
+// Heuristic-cache counters of `device` (all zero before its first GEMM, and without CUDA).
+GemmCacheStats gemm_cache_stats(int device);
+
+// Drops every cached algorithm (counters included) of every device.
+void gemm_clear_cache();
+
+// Synchronises each device that has GEMM resources and releases them (cuBLASLt handle,
+// scratch pool, algorithm cache). Idempotent; the next GEMM recreates them.
+void gemm_release_resources();
+
+}  // namespace overlap::gemm
