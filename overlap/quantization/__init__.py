@@ -1,8 +1,8 @@
 """Quantizers and quantized tensors (per-tensor FP8, block FP8, MXFP8, hybrid).
 
 * :mod:`~overlap.quantization.ops`: the kernel-level ops (CUDA kernels, and host references
-  that they match bit for bit): amax, per-tensor scale and casts, 1x128 / 128x128 block scaling, MXFP8,
-  dequantization and the reduction of partial sums.
+  that they match bit for bit): amax, per-tensor scale and casts, 1x128 / 128x128 block
+  scaling, MXFP8, dequantization and the reduction of partial sums.
 * :mod:`~overlap.quantization.quantizers`: typed configs and the quantizers built on the ops
   (delayed / current per-tensor scaling, block scaling, MXFP8, hybrid, high precision).
 * :mod:`~overlap.quantization.tensor`: :class:`QuantizedTensor`, rowwise / columnwise data
