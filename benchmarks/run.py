@@ -3,9 +3,9 @@
 Runs on all local GPUs when there are any (cuda transport), else on the host transport with 4
 ranks, under mpirun. Prints a table and writes JSON under ``--out``.
 
-Status: overlap's comm-GEMM overlap ops and its own collectives are not implemented yet. Until
-they land, this job measures the baselines they will be compared against (NCCL/gloo
-collectives, the bootstrap, the amax kernel) and says so in its output.
+Status: overlap's comm-GEMM overlap ops are not implemented yet. Until they land, this job
+measures overlap's own collectives (cuda transport on GPUs, host transport otherwise) beside
+the baselines they must beat (NCCL/gloo), the bootstrap and the amax kernel, and says so.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] transport={'cuda' if cuda else 'host'} ranks={nprocs} out={args.out}")
     print(
         "[bench] NOTE: overlap's comm-GEMM overlap ops are not implemented yet; this run "
-        "measures the collectives they build on (NCCL/gloo, and overlap's host-transport "
-        "all-gather/reduce-scatter where there is no GPU), the bootstrap and the amax kernel.",
+        "measures the collectives they build on (overlap's all-gather/reduce-scatter beside "
+        "NCCL on GPUs, gloo on the host), the bootstrap and the amax kernel.",
         flush=True,
     )
     cmd = mpirun_command(
