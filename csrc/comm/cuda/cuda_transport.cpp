@@ -117,7 +117,9 @@ class CudaTransport final : public Transport {
   TransportKind kind() const override { return TransportKind::kCuda; }
   int device() const override { return device_; }
 
+  // Allocation, IPC and host registration all act on this transport's device.
   std::unique_ptr<LocalRegion> allocate(std::size_t bytes, const std::string& tag) override {
+    DeviceGuard guard(device_);
     return std::make_unique<CudaRegion>(device_, bytes, tag, watchdog_);
   }
 
@@ -129,6 +131,7 @@ class CudaTransport final : public Transport {
     OVERLAP_CHECK(prefix == kHandlePrefix && bytes > 0 && !shm.empty(), kBootstrap,
                   "malformed cuda-transport handle '"
                       << handle << "': do all ranks use the cuda transport and one overlap build?");
+    DeviceGuard guard(device_);
     return std::make_unique<CudaMapping>(device_, bytes, ipc, shm);
   }
 
