@@ -5,7 +5,8 @@
 #   scripts/gpu_check.sh LOG_DIR [STEP...]
 #
 # STEPs (default: build unit dist bench): build (pip install -e .), unit (single-process tests,
-# GPU ones included), dist (multi-rank tests on all local GPUs), bench (the main job),
+# GPU ones included), dist (multi-rank tests on all local GPUs; dist-cuda: only the cuda
+# transport's), bench (the main job),
 # kernels (quantization/reduction kernel bandwidth), gemm (GEMM vs torch). Every step writes
 # its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S, default 300 s); a short summary
 # table is printed last.
@@ -46,6 +47,7 @@ for s in "${STEPS[@]}"; do
       "$PY" -m overlap.info >>"$LOG/build.log" 2>&1 ;;
     unit) step unit unit.log "${PYTEST[@]}" tests/unit ;;
     dist) step dist dist.log "${PYTEST[@]}" tests/distributed ;;
+    dist-cuda) step dist dist.log "${PYTEST[@]}" tests/distributed -k cuda ;;
     bench) step bench bench.log "$PY" -m benchmarks.run --out "$LOG" ;;
     kernels) step kernels kernels.log "$PY" -m benchmarks.kernels --json "$LOG/kernels.json" ;;
     gemm) step gemm gemm.log "$PY" -m benchmarks.gemm --json "$LOG/gemm.json" ;;
