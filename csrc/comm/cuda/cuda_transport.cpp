@@ -166,8 +166,9 @@ class CudaTransport final : public Transport {
     DeviceGuard guard(device_);
     CUstream s = lanes_.stream(stream, lane);
     const cuda::Watchdog::Ticket ticket = watchdog_->arm(flag, value, ctx);
+    // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do, but the v2 memop API rejects it.)
     OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(s, device_ptr(ticket.marker), ticket.seq,
-                                                   CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER));
+                                                   CU_STREAM_WRITE_VALUE_DEFAULT));
     OVERLAP_CHECK_CU(
         driver().cuStreamWaitValue64(s, device_ptr(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
   }
