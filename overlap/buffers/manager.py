@@ -83,6 +83,7 @@ class _Staged:
     usage: tuple[bool, bool]  # usages asked for the gathered tensor
     generation: int  # the buffer's generation when this record was made
     complete: bool  # every slot holds its rank's shard (after gather(), or local_chunk=False)
+    owner: int  # id() of the manager that staged it
 
 
 def _is_dtype(spec: Any) -> bool:
@@ -358,7 +359,9 @@ class GatherBuffer:
             for k in range(tp):
                 part = local.rows(k * s0, (k + 1) * s0) if meta else local[k * s0 : (k + 1) * s0]
                 self._write_slot(layout, part, k)
-        self._state.staged = _Staged(layout, meta, usage, generation, complete=not local_chunk)
+        self._state.staged = _Staged(
+            layout, meta, usage, generation, complete=not local_chunk, owner=id(self)
+        )
         return local
 
     def _write_slot(self, layout: GatherLayout, src: Any, k: int) -> None:
@@ -522,10 +525,11 @@ class GatherBuffer:
                 f"{op}: nothing is staged in buffer {self.name!r} (last op: "
                 f"{self._state.last_op}); call copy_into_buffer() first"
             )
-        if staged.generation != self._state.generation:
+        if staged.generation != self._state.generation or staged.owner != id(self):
             raise StateError(
-                f"{op}: the shard staged in buffer {self.name!r} was overwritten by a later "
-                f"op ({self._state.last_op}); stage it again"
+                f"{op}: what this manager staged in buffer {self.name!r} was overwritten by a "
+                f"later op ({self._state.last_op}, possibly by another manager of the buffer); "
+                "stage it again"
             )
         return staged
 
@@ -706,16 +710,15 @@ class BufferView:
     def _assemble(self, ks: list[int]) -> torch.Tensor | QuantizedTensor:
         """The tensor of shards ``ks`` (one shard, or all of them in order)."""
         mgr, layout, meta = self._mgr, self._staged.layout, self._staged.meta
-        whole = len(ks) > 1 or mgr.tp_size == 1
         if meta is None:
             part = layout.parts[0]
-            return mgr._region(part) if whole else mgr._slot(part, ks[0])
+            return mgr._slot(part, ks[0]) if len(ks) == 1 else mgr._region(part)
         data: list[torch.Tensor | None] = [None, None]
         scales: list[torch.Tensor | None] = [None, None]
         need_row = self._usage[0] or (self._usage[1] and not layout.directions[1])
         for col in (False, True):
             if layout.directions[col] and (self._usage[col] or (not col and need_row)):
-                data[col], scales[col] = self._direction(col, ks, whole)
+                data[col], scales[col] = self._direction(col, ks)
         if self._usage[1] and not layout.directions[1]:
             # NOTE [which directions travel]: made from the gathered rowwise data.
             fmt = layout.formats[1]
@@ -738,9 +741,7 @@ class BufferView:
             columnwise_scale_inv=scales[1],
         )
 
-    def _direction(
-        self, col: bool, ks: list[int], whole: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _direction(self, col: bool, ks: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Data and scale_inv of one travelled direction for shards ``ks``."""
         import torch
 
@@ -749,7 +750,7 @@ class BufferView:
         transposed = fmt.transposed(col)
 
         def pick(part: PartLayout) -> torch.Tensor:
-            if not whole:
+            if len(ks) == 1:
                 return mgr._slot(part, ks[0])
             if not transposed:
                 return mgr._region(part)
@@ -765,7 +766,7 @@ class BufferView:
             return data, None
         if fmt.mode is not ScalingMode.TENSOR:
             return data, pick(scale_part)
-        if not whole:
+        if len(ks) == 1:
             return data, mgr._slot(scale_part, ks[0])
         if not _all_equal(mgr._region(scale_part)):
             values = mgr._region(scale_part).reshape(-1).tolist()
