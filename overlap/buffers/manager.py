@@ -153,6 +153,7 @@ def required_nbytes(
             formats=formats,
             dtype=_hp_storage_dtype(spec, dtype),
             directions=directions,
+            validate=False,
         )
         sizes.append(layout.nbytes)
     return max(sizes)
