@@ -71,6 +71,11 @@ class BufferState:
         buf = self._buffer()
         return buf is not None and not buf.destroyed
 
+    def overlaps(self, t: torch.Tensor) -> bool:
+        """True if ``t``'s elements lie (partly) in one of this buffer's regions."""
+        lo, hi = _extent(t)
+        return lo < hi and any(lo < end and start < hi for start, end in self.ranges)
+
     def bump(self, op: str) -> int:
         """Record an op that overwrites the buffer; returns the new generation."""
         self.generation += 1
@@ -101,11 +106,8 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
 
 def _aliased_buffer(t: torch.Tensor) -> str | None:
     """The name of the live buffer whose memory ``t`` overlaps, or None."""
-    lo, hi = _extent(t)
-    if lo == hi:
-        return None
     for state in list(_STATES.values()):
-        if state.live and any(lo < end and start < hi for start, end in state.ranges):
+        if state.live and state.overlaps(t):
             return state.name
     return None
 

@@ -29,6 +29,11 @@ layer's data. Save the local shard returned by :meth:`GatherBuffer.copy_into_buf
 never aliases the buffer) and re-gather in backward (:func:`~overlap.buffers.gather_for_wgrad`),
 or keep a copy (:func:`~overlap.buffers.saveable`).
 
+NOTE [streams]: on cuda, staging, the gather and the copies a view makes (the transpose of a
+per-tensor columnwise direction, the assembly of transposed block slots) run on the current
+stream; consumers read a view on that stream (or after synchronising with it). Checking that
+per-tensor shards share one scale reads ``tp_size`` floats back to the host (a sync).
+
 NOTE [staging is a local write]: staging writes only this rank's slots of its own region. No
 peer writes there (a gather puts rank k's parts only into slot k) and a manager issues nothing
 that reads a peer's region, so the write cannot race with peers; on cuda it is ordered on the
@@ -290,6 +295,12 @@ class GatherBuffer:
             raise InvalidArgumentError(
                 f"copy_into_buffer: x is on {x.device}, but buffer {self.name!r} is on "
                 f"{self.device}; move it there first"
+            )
+        sources = x.tensors() if quantized_in else (x,)
+        if any(t is not None and self._state.overlaps(t) for t in sources):
+            raise InvalidArgumentError(
+                f"copy_into_buffer: x is a view into buffer {self.name!r} itself (it would be "
+                "overwritten while it is read); stage the saved local shard instead"
             )
         shape = tuple(x.shape)
         if not local_chunk and (len(shape) < 1 or shape[0] % tp):

@@ -419,6 +419,8 @@ def test_negative_cases_leave_the_buffer_usable(comm: Communicator) -> None:
         (lambda: mgr.get_buffer(torch.float32), "not a plain"),
         (lambda: mgr.get_buffer("e4m3"), "must be a Quantizer"),
         (lambda: mgr.get_buffer(q, rowwise=False, columnwise=False), "both False"),
+        (lambda: mgr.copy_into_buffer(view.value), "a view into buffer"),
+        (lambda: mgr.copy_into_buffer(view.value.rowwise_data.float(), None), "need"),
         (lambda: view.shard(3), "outside a group"),
         (view.shard_scale_invs, "no per-tensor"),
     ]
