@@ -741,16 +741,9 @@ class BufferView:
                 scales[1] = scales[0]
         if not self._usage[0]:
             data[0] = scales[0] = None
-        n = len(ks) * layout.shape[0]
-        return QuantizedTensor(
-            shape=(n, *layout.shape[1:]),
-            dtype=meta.dtype,
-            rowwise_format=layout.formats[0],
-            columnwise_format=layout.formats[1],
-            rowwise_data=data[0],
-            rowwise_scale_inv=scales[0],
-            columnwise_data=data[1],
-            columnwise_scale_inv=scales[1],
+        shape = (len(ks) * layout.shape[0], *layout.shape[1:])
+        return QuantizedTensor.from_tensors(
+            [data[0], scales[0], data[1], scales[1]], replace(meta, shape=shape)
         )
 
     def _direction(self, col: bool, ks: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
