@@ -348,7 +348,9 @@ def pipeline(comm: Communicator, tp: TorchBootstrap) -> None:
     for i in range(rounds):  # the consumers read only now
         t = views[i].value
         assert torch.equal(t.rowwise_scale_inv.to(CPU).reshape(-1), scales[i].reshape(-1)), i
-        assert torch.equal(views[i].shard_scale_invs(), scales[i].reshape(1).repeat(tp.size))
+        assert torch.equal(
+            views[i].shard_scale_invs().to(CPU), scales[i].reshape(1).repeat(tp.size)
+        )
         assert_within_fp8_error(t.to(CPU), totals[i], False)
     forward = [deq(v.value, False) for v in views]
     shared = mgrs[0]
