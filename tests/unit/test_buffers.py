@@ -470,3 +470,47 @@ def test_block_128x128_columnwise_only_shard_regathers(comm: Communicator) -> No
     assert_within_fp8_error(mgr.get_buffer().value, x, False)
     assert not colonly.has_rowwise  # the caller's tensor was not changed
     mgr.destroy()
+
+
+# ---- invariant 2 through autograd: two layers on one buffer ----------------------------------
+
+
+class _GatheredLinear(torch.autograd.Function):
+    """A toy sequence-parallel linear layer: gather the quantized activation, ``y = x W^T``;
+    save the LOCAL shard and re-gather it for wgrad in backward."""
+
+    @staticmethod
+    def forward(ctx, x, w, mgr, q):
+        saved, view = gather_activation(mgr, x, q)
+        ctx.save_for_backward(*saveable(saved, policy=AliasPolicy.REFUSE).tensors(), w)
+        ctx.meta, ctx.mgr, ctx.q = saved.meta, mgr, q
+        return view.dequantize() @ w.t()
+
+    @staticmethod
+    def backward(ctx, dy):
+        *tensors, w = ctx.saved_tensors
+        saved = QuantizedTensor.from_tensors(tensors, ctx.meta)
+        x_total = gather_for_wgrad(ctx.mgr, saved, ctx.q)
+        dw = dy.t() @ x_total.dequantize(columnwise=True)
+        return dy @ w, dw, None, None
+
+
+@pytest.mark.parametrize(
+    "make", [CurrentScalingQuantizer, BlockScalingQuantizer], ids=["current", "block1x128"]
+)
+def test_two_layers_on_one_buffer_keep_layer1_backward_exact(comm: Communicator, make) -> None:
+    q1, q2 = make(), make()
+    mgr = GatherBuffer.create(comm, (128, 256), [q1], dtype=torch.float32)
+    x1 = random_nd((128, 256), torch.float32, 31)
+    w1 = torch.randn(256, 256, requires_grad=True)
+    w2 = torch.randn(64, 256, requires_grad=True)
+    y1 = _GatheredLinear.apply(x1, w1, mgr, q1)
+    y2 = _GatheredLinear.apply(y1 * 1e-2, w2, mgr, q2)  # overwrites the buffer
+    dy2 = torch.randn_like(y2)
+    y2.backward(dy2)
+    # Reference: the same quantized operands, without any buffer.
+    dy1 = (dy2 @ w2.detach()) * 1e-2
+    xq = q1.quantize(x1, columnwise=True)
+    want_dw1 = dy1.t() @ xq.dequantize(columnwise=True)
+    assert torch.equal(w1.grad, want_dw1)
+    mgr.destroy()
