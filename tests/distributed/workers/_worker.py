@@ -5,6 +5,10 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def run(main: Callable[[], None]) -> None:
@@ -34,6 +38,18 @@ def _teardown_torch_distributed() -> None:
     if dist is not None and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def device_for(transport: str, local_rank: int) -> torch.device:
+    """The device of this rank: the CPU on the host transport; on cuda, the GPU of its local
+    rank, made the current device."""
+    import torch
+
+    if transport != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def expect_raises(exc_type: type[BaseException], match: str, fn: Callable[[], object]) -> None:

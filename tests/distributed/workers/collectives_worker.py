@@ -270,9 +270,7 @@ def main() -> None:
     scenario, tp_size = sys.argv[1], int(sys.argv[2])
     transport = sys.argv[3] if len(sys.argv) > 3 else "host"
     launch = init_torch_distributed("gloo")
-    if transport == "cuda":
-        DEVICE = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(DEVICE)
+    DEVICE = _worker.device_for(transport, launch.local_rank)
     tp = tp_subgroup(TorchBootstrap(), tp_size)
     gen = torch.Generator().manual_seed(1234 + launch.rank)
     comm = Communicator(tp, transport, timeout_s=30)
