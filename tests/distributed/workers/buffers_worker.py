@@ -9,8 +9,7 @@ bytes, the same scale_inv, dequantizing to the gathered input within FP8 error. 
 poisoned (0xFF bytes, NaN in every float format) before each gather.
 
 On the cuda transport each rank uses ``cuda:<local rank>``; results are moved to the CPU for
-the checks. Until the CUDA quantization kernels exist, shards are quantized on the CPU and
-moved to the device (the manager then stages already quantized shards).
+the checks; shards are quantized by the CUDA kernels there.
 """
 
 from __future__ import annotations
@@ -28,11 +27,10 @@ from overlap.buffers import (
     aliases_buffer,
     gather_activation,
     gather_for_wgrad,
-    gathered_directions,
     saveable,
 )
 from overlap.comm import Communicator, TorchBootstrap, tp_subgroup
-from overlap.errors import InvalidArgumentError, StateError, UnsupportedHardwareError
+from overlap.errors import InvalidArgumentError, StateError
 from overlap.launch import init_torch_distributed
 from overlap.quantization import (
     BlockScalingConfig,
@@ -87,31 +85,16 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-# ---- quantizing (CPU fallback while the CUDA kernels are missing) -------------------------------
+# ---- quantizing (the CUDA kernels on cuda, the host references on the CPU) --------------------
 
 
 def quantize(q: Quantizer, x: torch.Tensor, **kw: object) -> QuantizedTensor:
-    try:
-        return q.quantize(x, **kw)
-    except UnsupportedHardwareError:
-        return q.quantize(x.to(CPU), **kw).to(DEVICE)
+    return q.quantize(x, **kw)
 
 
 def stage(mgr: GatherBuffer, x: torch.Tensor, q: Quantizer, **kw: object) -> QuantizedTensor:
-    """``mgr.copy_into_buffer(x, q, **kw)``; with no CUDA kernel, the shard is quantized on
-    the CPU first (the travelling directions only, as the manager would)."""
-    try:
-        return mgr.copy_into_buffer(x, q, **kw)
-    except UnsupportedHardwareError:
-        row = kw.pop("rowwise", None)
-        col = kw.pop("columnwise", None)
-        row = q.rowwise_usage if row is None else row
-        col = q.columnwise_usage if col is None else col
-        r, c = gathered_directions(q.formats, row, col)
-        amax_group = kw.pop("amax_group", None)
-        local = quantize(q, x, rowwise=r, columnwise=c, amax_group=amax_group)
-        mgr.copy_into_buffer(local, q, rowwise=row, columnwise=col, **kw)
-        return local
+    """``mgr.copy_into_buffer(x, q, **kw)``: quantize this rank's shard into its slots."""
+    return mgr.copy_into_buffer(x, q, **kw)
 
 
 def poison(mgr: GatherBuffer) -> None:
@@ -266,15 +249,7 @@ def seed001(comm: Communicator, tp: TorchBootstrap) -> None:
             quantize(q1, x1, amax_group=tp.group)
         poison(mgr)
         # Consumer 1, forward: gather; save the local shard (and, to test it, a copy).
-        if DEVICE.type == "cuda":  # quantize on the CPU while the kernels are missing
-            saved1 = quantize(
-                q1, x1, amax_group=tp.group, rowwise=True, columnwise=not _per_tensor(q1)
-            )
-            mgr.copy_into_buffer(saved1, q1, rowwise=True, columnwise=False)
-            mgr.gather()
-            view1 = mgr.get_buffer(q1, rowwise=True, columnwise=False)
-        else:
-            saved1, view1 = gather_activation(mgr, x1, q1, amax_group=tp.group)
+        saved1, view1 = gather_activation(mgr, x1, q1, amax_group=tp.group)
         snapshot = [None if t is None else t.clone() for t in saved1.tensors()]
         forward1 = deq(view1.value, False)
         copy1 = saveable(view1)
