@@ -5,8 +5,8 @@
 #   scripts/gpu_check.sh LOG_DIR [STEP...]
 #
 # STEPs (default: build unit dist bench): build (pip install -e .), unit (single-process tests,
-# GPU ones included), dist (multi-rank tests on all local GPUs; dist-cuda: only the cuda
-# transport's), bench (the main job),
+# GPU ones included), dist (multi-rank tests on all local GPUs; dist-cuda and buffers-cuda:
+# the cuda transport's collectives and buffer managers), bench (the main job),
 # kernels (quantization/reduction kernel bandwidth), gemm (GEMM vs torch). Every step writes
 # its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S, default 300 s); a short summary
 # table is printed last.
@@ -22,17 +22,20 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 LIMIT="${STEP_TIMEOUT_S:-300}"
-PYTEST=("$PY" -m pytest -q -rfE -p no:cacheprovider --durations=5)
+# PYTEST_ARGS adds options (e.g. "-x -k np2"); SIGINT at the limit makes pytest print its
+# summary of what failed so far before it stops.
+read -r -a EXTRA <<<"${PYTEST_ARGS:-}"
+PYTEST=("$PY" -m pytest -q -rfE -p no:cacheprovider --durations=5 "${EXTRA[@]}")
 declare -a summary
 
 step() {  # step NAME LOGFILE CMD...: run with a time limit, record status and seconds
   local name="$1" logfile="$2"; shift 2
   local t0=$(date +%s)
-  timeout -k 10 "$LIMIT" "$@" >"$LOG/$logfile" 2>&1
+  timeout -s INT -k 20 "$LIMIT" "$@" >"$LOG/$logfile" 2>&1
   local rc=$?
   local status=ok
   [ $rc -ne 0 ] && status=FAIL
-  [ $rc -eq 124 ] && status=TIMEOUT
+  [ $rc -eq 124 ] || [ $rc -eq 130 ] && status=TIMEOUT
   summary+=("$(printf '%-8s %-7s %5ss  %s' "$name" "$status" "$(( $(date +%s) - t0 ))" "$logfile")")
   tail -n 12 "$LOG/$logfile"
   return $rc
@@ -47,7 +50,8 @@ for s in "${STEPS[@]}"; do
       "$PY" -m overlap.info >>"$LOG/build.log" 2>&1 ;;
     unit) step unit unit.log "${PYTEST[@]}" tests/unit ;;
     dist) step dist dist.log "${PYTEST[@]}" tests/distributed ;;
-    dist-cuda) step dist dist.log "${PYTEST[@]}" tests/distributed -k cuda ;;
+    dist-cuda) step dist dist.log "${PYTEST[@]}" tests/distributed/test_collectives.py -k cuda ;;
+    buffers-cuda) step buffers buffers.log "${PYTEST[@]}" tests/distributed/test_buffers.py -k cuda ;;
     bench) step bench bench.log "$PY" -m benchmarks.run --out "$LOG" ;;
     kernels) step kernels kernels.log "$PY" -m benchmarks.kernels --json "$LOG/kernels.json" ;;
     gemm) step gemm gemm.log "$PY" -m benchmarks.gemm --json "$LOG/gemm.json" ;;
@@ -57,7 +61,7 @@ done
 echo
 echo "== gpu_check summary =="
 printf '%s\n' "${summary[@]}"
-for f in unit dist; do
+for f in unit dist buffers; do
   [ -f "$LOG/$f.log" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG/$f.log" | tail -n 12
 done
 exit 0

@@ -1,5 +1,6 @@
 #include "comm/collectives.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "common/errors.h"
@@ -123,16 +124,28 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
   }
   const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream);
   Transport& t = buf.transport();
-  t.fork(stream, n);
+  // Lane 0: the local copy. Peer i (i = 1..n-1) gets lanes 1 + (i-1)*split ... i*split, each
+  // carrying a slice of every part (NOTE [put split]); its first lane signals once all of
+  // them are done.
+  const int split = buf.put_split();
+  t.fork(stream, 1 + (n - 1) * split);
   for (const GatherPart& a : parts) {
     t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
   }
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
+    const int first = 1 + (i - 1) * split;
     for (const GatherPart& a : parts) {
-      t.put(buf.data(peer) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, i);
+      const std::size_t slice = (a.chunk_bytes + split - 1) / split;
+      for (int j = 0; j < split; ++j) {
+        const std::size_t begin = std::min(a.chunk_bytes, j * slice);
+        const std::size_t bytes = std::min(a.chunk_bytes - begin, slice);
+        t.put(buf.data(peer) + a.offset + r * a.chunk_bytes + begin,
+              static_cast<const char*>(a.input) + begin, bytes, stream, first + j);
+      }
     }
-    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, i);
+    for (int j = 1; j < split; ++j) t.lane_wait(stream, first, first + j);
+    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
   }
   t.join(stream);
   for (int i = 1; i < n; ++i) {

@@ -37,6 +37,12 @@ void SymmetricBuffer::set_timeout_s(double timeout_s) {
   timeout_s_ = timeout_s;
 }
 
+void SymmetricBuffer::set_put_split(int split) {
+  OVERLAP_CHECK(split >= 1 && split <= kMaxPutSplit, kConfig,
+                "put_split must be in [1, " << kMaxPutSplit << "], got " << split);
+  put_split_ = split;
+}
+
 std::string SymmetricBuffer::local_handle() const {
   OVERLAP_CHECK(state_ == State::kCreated, kState, "local_handle() is only valid before connect()");
   std::ostringstream oss;

@@ -61,6 +61,13 @@ class SymmetricBuffer {
   std::size_t bytes() const { return bytes_; }
   double timeout_s() const { return timeout_s_; }
   void set_timeout_s(double timeout_s);
+  // NOTE [put split]: how many copies (lanes) carry one put to one peer. One copy engine per
+  // peer does not saturate NVLink; several in parallel get closer (measured in
+  // benchmarks/baseline_collectives.py).
+  static constexpr int kMaxPutSplit = 8;
+  static constexpr int kDefaultPutSplit = 1;
+  int put_split() const { return put_split_; }
+  void set_put_split(int split);
   Transport& transport() const { return *transport_; }
 
   // Start of the data region of `peer` (this rank's own when peer == rank()).
@@ -86,6 +93,7 @@ class SymmetricBuffer {
   int size_;
   std::size_t bytes_;
   double timeout_s_;
+  int put_split_ = kDefaultPutSplit;
   State state_ = State::kCreated;
   std::uint64_t epoch_ = 0;
   std::shared_ptr<LocalRegion> local_;

@@ -81,6 +81,8 @@ class Transport {
   // NOTE [lanes]. fork() may be called once per op and stream; join() closes it.
   virtual void fork(cudaStream_t stream, int lanes) = 0;
   virtual void join(cudaStream_t stream) = 0;
+  // Later work on `lane` waits for everything issued so far on lane `other` (of one fork).
+  virtual void lane_wait(cudaStream_t stream, int lane, int other) = 0;
 
   // Copy `bytes` from src to dst (either may be a peer mapping), in order on `lane`.
   virtual void put(void* dst, const void* src, std::size_t bytes, cudaStream_t stream,

@@ -76,6 +76,17 @@ class SymmetricBuffer:
     def destroyed(self) -> bool:
         return bool(self._core.destroyed)
 
+    @property
+    def put_split(self) -> int:
+        """Copies (copy-engine streams on cuda) that carry one rank's shard to one peer in an
+        all-gather, 1..8. More copies in flight use NVLink better; a tuning knob, the result
+        is the same."""
+        return int(self._core.put_split)
+
+    @put_split.setter
+    def put_split(self, split: int) -> None:
+        self._core.put_split = int(split)
+
     def view(
         self,
         dtype: torch.dtype,

@@ -145,6 +145,11 @@ class CudaTransport final : public Transport {
     lanes_.join(stream);
   }
 
+  void lane_wait(cudaStream_t stream, int lane, int other) override {
+    DeviceGuard guard(device_);
+    lanes_.wait(stream, lane, other);
+  }
+
   void put(void* dst, const void* src, std::size_t bytes, cudaStream_t stream, int lane) override {
     if (dst == src || bytes == 0) return;
     DeviceGuard guard(device_);

@@ -21,6 +21,8 @@ void Lanes::fork(cudaStream_t caller, int lanes) {
     s.streams.push_back(std::make_unique<OwnedStream>(device_));
     s.done.push_back(std::make_unique<OwnedEvent>());
   }
+  while (static_cast<int>(s.marks.size()) < lanes)
+    s.marks.push_back(std::make_unique<OwnedEvent>());
   OVERLAP_CHECK_CUDA(cudaEventRecord(s.forked.get(), caller));
   for (int i = 0; i < lanes - 1; ++i) {
     OVERLAP_CHECK_CUDA(cudaStreamWaitEvent(s.streams[i]->get(), s.forked.get(), 0));
@@ -36,6 +38,15 @@ void Lanes::join(cudaStream_t caller) {
     OVERLAP_CHECK_CUDA(cudaStreamWaitEvent(caller, s.done[i]->get(), 0));
   }
   s.open = 0;
+}
+
+void Lanes::wait(cudaStream_t caller, int lane, int other) {
+  if (lane == other) return;
+  cudaStream_t waiter = stream(caller, lane);
+  cudaStream_t source = stream(caller, other);
+  Set& s = set_of(caller);
+  OVERLAP_CHECK_CUDA(cudaEventRecord(s.marks[other]->get(), source));
+  OVERLAP_CHECK_CUDA(cudaStreamWaitEvent(waiter, s.marks[other]->get(), 0));
 }
 
 cudaStream_t Lanes::stream(cudaStream_t caller, int lane) {

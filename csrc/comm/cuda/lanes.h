@@ -24,6 +24,8 @@ class Lanes {
 
   void fork(cudaStream_t caller, int lanes);
   void join(cudaStream_t caller);
+  // `lane` waits for the work issued so far on `other` (both of the fork open on `caller`).
+  void wait(cudaStream_t caller, int lane, int other);
   // The stream of `lane` (0: the caller itself) of the fork open on `caller`.
   cudaStream_t stream(cudaStream_t caller, int lane);
 
@@ -31,8 +33,9 @@ class Lanes {
   struct Set {
     OwnedEvent forked;
     std::vector<std::unique_ptr<OwnedStream>> streams;  // lanes 1..n-1
-    std::vector<std::unique_ptr<OwnedEvent>> done;
-    int open = 0;  // lanes of the open fork (0: none)
+    std::vector<std::unique_ptr<OwnedEvent>> done;      // per lane 1..n-1, for join()
+    std::vector<std::unique_ptr<OwnedEvent>> marks;     // per lane 0..n-1, for wait()
+    int open = 0;                                       // lanes of the open fork (0: none)
   };
   Set& set_of(cudaStream_t caller);
 

@@ -73,6 +73,7 @@ class HostTransport final : public Transport {
   // Program order: every lane is the caller itself.
   void fork(cudaStream_t, int) override {}
   void join(cudaStream_t) override {}
+  void lane_wait(cudaStream_t, int, int) override {}
 
   void put(void* dst, const void* src, std::size_t bytes, cudaStream_t, int) override {
     if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);

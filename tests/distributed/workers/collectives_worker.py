@@ -19,7 +19,13 @@ import torch
 import torch.distributed as dist
 
 from overlap.comm import Communicator, TorchBootstrap, tp_subgroup
-from overlap.errors import BootstrapError, CommTimeoutError, InvalidArgumentError, StateError
+from overlap.errors import (
+    BootstrapError,
+    CommTimeoutError,
+    ConfigError,
+    InvalidArgumentError,
+    StateError,
+)
 from overlap.launch import init_torch_distributed
 
 DTYPES = [torch.bfloat16, torch.float32, torch.uint8]  # uint8 stands for FP8 bytes
@@ -65,6 +71,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
         dtype = DTYPES[trial % len(DTYPES)]
         rows, cols = random.Random(trial).randrange(1, 40), random.Random(-trial).randrange(1, 77)
         x = random_tensor(rows, cols, dtype, gen)  # nbytes rarely a multiple of 16
+        buf.put_split = 1 + trial % 3  # one to three copies per peer: same bytes
         out = torch.full((rows * tp.size, cols), 7, dtype=dtype, device=DEVICE)  # poisoned
         got = buf.all_gather(x, out)
         assert got is out
@@ -204,6 +211,7 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     keep.destroy()
     _worker.expect_raises(StateError, "destroyed", lambda: keep.all_gather(x))
     _worker.expect_raises(InvalidArgumentError, "positive int", lambda: comm.create_buffer(0))
+    _worker.expect_raises(ConfigError, "put_split", lambda: setattr(keep, "put_split", 9))
 
 
 def views(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
