@@ -54,13 +54,18 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
         buf = comm.create_buffer(full.nbytes)
         in_buffer = buf.view(torch.bfloat16, full.shape)
         in_buffer.copy_(torch.randn(full.shape, device=device).to(torch.bfloat16))
-        # NOTE [put split]: the all-gather at 1, 2 and 4 copies per peer; the best is reported.
+        # NOTE [put split] / [pull gather]: the all-gather by pushes and by pulls, at 1, 2 and
+        # 4 copies per peer; the best is reported.
         by_split = {}
-        for split in (1, 2, 4) if cuda else (1,):
-            buf.put_split = split
-            by_split[split] = max_over_ranks(
-                time_op(lambda s=shard, b=buf: b.all_gather_into([(s, 0)]), cuda=cuda, iters=iters)
-            )
+        for mode in ("push", "pull") if cuda else ("push",):
+            for split in (1, 2, 4) if cuda else (1,):
+                buf.put_split = split
+                buf.pull_gather = mode == "pull"
+                by_split[f"{mode}{split}"] = max_over_ranks(
+                    time_op(
+                        lambda s=shard, b=buf: b.all_gather_into([(s, 0)]), cuda=cuda, iters=iters
+                    )
+                )
         best_split = min(by_split, key=by_split.get)
         ours_ag = by_split[best_split]
         ours_rs = time_op(
@@ -167,7 +172,7 @@ def main() -> None:
                 ("ours_allgather_ms", "AG ms"),
                 ("ours_allgather_busbw_gbps", "AG busbw GB/s"),
                 ("ours_vs_lib_allgather", "AG ratio"),
-                ("ours_allgather_best_split", "split"),
+                ("ours_allgather_best_split", "mode"),
                 ("ours_reducescatter_ms", "RS ms"),
                 ("ours_reducescatter_busbw_gbps", "RS busbw GB/s"),
                 ("ours_vs_lib_reducescatter", "RS ratio"),

@@ -87,9 +87,83 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
   return epoch;
 }
 
+// Copies slot `src_rank` of every part from `from`'s region to `to`'s region, in `split`
+// slices on lanes first..first+split-1; lane `first` then waits for the others.
+void put_slot(SymmetricBuffer& buf, const std::vector<GatherPart>& parts, int src_rank, int from,
+              int to, int first, bool from_input, cudaStream_t stream) {
+  Transport& t = buf.transport();
+  const int split = buf.put_split();
+  for (const GatherPart& a : parts) {
+    const std::size_t slot = a.offset + src_rank * a.chunk_bytes;
+    const char* src = from_input ? static_cast<const char*>(a.input) : buf.data(from) + slot;
+    const std::size_t slice = (a.chunk_bytes + split - 1) / split;
+    for (int j = 0; j < split; ++j) {
+      const std::size_t begin = std::min(a.chunk_bytes, j * slice);
+      const std::size_t bytes = std::min(a.chunk_bytes - begin, slice);
+      t.put(buf.data(to) + slot + begin, src + begin, bytes, stream, first + j);
+    }
+  }
+  for (int j = 1; j < split; ++j) t.lane_wait(stream, first, first + j);
+}
+
+// Push: lane 0 copies our shard into our own slot; the lanes of peer i copy it into peer i's
+// slot r, then signal kData to that peer; we wait for every peer's kData.
+void gather_by_pushes(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
+                      std::uint64_t epoch, cudaStream_t stream) {
+  Transport& t = buf.transport();
+  const int r = buf.rank();
+  const int n = buf.size();
+  const int split = buf.put_split();
+  t.fork(stream, 1 + (n - 1) * split);
+  for (const GatherPart& a : parts) {
+    t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
+  }
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + i) % n;
+    const int first = 1 + (i - 1) * split;
+    put_slot(buf, parts, r, r, peer, first, /*from_input=*/true, stream);
+    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
+  }
+  t.join(stream);
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + n - i) % n;
+    WaitContext ctx{"all_gather", r, peer, i, epoch, buf.timeout_s()};
+    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
+  }
+}
+
+// Pull: we copy our shard into our own slot and tell every peer it is there (kData); the
+// lanes of peer i wait for its kData, then copy its slot i from its region into ours. A peer
+// reads our slot until it enters the next op, whose acknowledgements we wait for before we
+// write our slot again (NOTE [buffer reuse]).
+void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
+                     std::uint64_t epoch, cudaStream_t stream) {
+  Transport& t = buf.transport();
+  const int r = buf.rank();
+  const int n = buf.size();
+  const int split = buf.put_split();
+  for (const GatherPart& a : parts) {
+    t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
+  }
+  for (int i = 1; i < n; ++i) {
+    t.signal(buf.flag((r + i) % n, r, FlagSlot::kData), epoch, stream, 0);
+  }
+  t.fork(stream, 1 + (n - 1) * split);
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + n - i) % n;
+    const int first = 1 + (i - 1) * split;
+    WaitContext ctx{"all_gather", r, peer, i, epoch, buf.timeout_s()};
+    for (int j = 0; j < split; ++j) {
+      t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, first + j);
+    }
+    put_slot(buf, parts, peer, peer, r, first, /*from_input=*/false, stream);
+  }
+  t.join(stream);
+}
+
 }  // namespace
 
-// Timeline of rank r (n ranks):
+// Timeline of rank r (n ranks), push mode (pull mode: gather_by_pulls):
 //
 //   stream  | begin_op | fork | put own chunk -> own slot r        | join | wait kData from
 //   lane 1  |          |      | put own chunk -> slot r of r+1, signal kData |  r-1, ..., r+1
@@ -124,34 +198,10 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
   }
   const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream);
   Transport& t = buf.transport();
-  // Lane 0: the local copy. Peer i (i = 1..n-1) gets lanes 1 + (i-1)*split ... i*split, each
-  // carrying a slice of every part (NOTE [put split]); its first lane signals once all of
-  // them are done.
-  const int split = buf.put_split();
-  t.fork(stream, 1 + (n - 1) * split);
-  for (const GatherPart& a : parts) {
-    t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
-  }
-  for (int i = 1; i < n; ++i) {
-    const int peer = (r + i) % n;
-    const int first = 1 + (i - 1) * split;
-    for (const GatherPart& a : parts) {
-      const std::size_t slice = (a.chunk_bytes + split - 1) / split;
-      for (int j = 0; j < split; ++j) {
-        const std::size_t begin = std::min(a.chunk_bytes, j * slice);
-        const std::size_t bytes = std::min(a.chunk_bytes - begin, slice);
-        t.put(buf.data(peer) + a.offset + r * a.chunk_bytes + begin,
-              static_cast<const char*>(a.input) + begin, bytes, stream, first + j);
-      }
-    }
-    for (int j = 1; j < split; ++j) t.lane_wait(stream, first, first + j);
-    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
-  }
-  t.join(stream);
-  for (int i = 1; i < n; ++i) {
-    const int peer = (r + n - i) % n;
-    WaitContext ctx{"all_gather", r, peer, i, epoch, buf.timeout_s()};
-    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
+  if (buf.pull_gather()) {
+    gather_by_pulls(buf, parts, epoch, stream);
+  } else {
+    gather_by_pushes(buf, parts, epoch, stream);
   }
 }
 

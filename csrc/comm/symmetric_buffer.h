@@ -68,6 +68,10 @@ class SymmetricBuffer {
   static constexpr int kDefaultPutSplit = 1;
   int put_split() const { return put_split_; }
   void set_put_split(int split);
+  // NOTE [pull gather]: in an all-gather, peers' shards are pushed into our region by their
+  // copy engines (false, the default) or pulled from their regions by ours (true).
+  bool pull_gather() const { return pull_gather_; }
+  void set_pull_gather(bool pull) { pull_gather_ = pull; }
   Transport& transport() const { return *transport_; }
 
   // Start of the data region of `peer` (this rank's own when peer == rank()).
@@ -94,6 +98,7 @@ class SymmetricBuffer {
   std::size_t bytes_;
   double timeout_s_;
   int put_split_ = kDefaultPutSplit;
+  bool pull_gather_ = false;
   State state_ = State::kCreated;
   std::uint64_t epoch_ = 0;
   std::shared_ptr<LocalRegion> local_;

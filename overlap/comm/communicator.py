@@ -87,6 +87,16 @@ class SymmetricBuffer:
     def put_split(self, split: int) -> None:
         self._core.put_split = int(split)
 
+    @property
+    def pull_gather(self) -> bool:
+        """All-gather by pulls (each rank's copy engines read peers' shards) instead of
+        pushes (each rank writes its shard into the peers' regions). Same result."""
+        return bool(self._core.pull_gather)
+
+    @pull_gather.setter
+    def pull_gather(self, pull: bool) -> None:
+        self._core.pull_gather = bool(pull)
+
     def view(
         self,
         dtype: torch.dtype,

@@ -72,6 +72,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
         rows, cols = random.Random(trial).randrange(1, 40), random.Random(-trial).randrange(1, 77)
         x = random_tensor(rows, cols, dtype, gen)  # nbytes rarely a multiple of 16
         buf.put_split = 1 + trial % 3  # one to three copies per peer: same bytes
+        buf.pull_gather = trial % 2 == 1  # pushes and pulls: same bytes
         out = torch.full((rows * tp.size, cols), 7, dtype=dtype, device=DEVICE)  # poisoned
         got = buf.all_gather(x, out)
         assert got is out
@@ -94,6 +95,7 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     wants = [reference_all_gather(tp, x) for x in xs]
     rs_in = [random_tensor(32 * tp.size, 16, torch.bfloat16, gen) for _ in range(8)]
     rs_wants = [reference_reduce_scatter(tp, y) for y in rs_in]
+    buf.pull_gather = True  # the pull protocol has its own reuse hazard: test it too
     # Issue everything first (on cuda the ops queue up behind the slow rank's spin kernels),
     # then check: a fast rank must not have overwritten data a slow one was still reading.
     got = []
@@ -144,24 +146,30 @@ def _free_device_memory() -> int:
     return torch.cuda.mem_get_info(DEVICE)[0] if DEVICE.type == "cuda" else 0
 
 
+def _cycle(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator, i: int) -> None:
+    buf = comm.create_buffer(4096 + 64 * (i % 5))
+    if i % 50 == 0:
+        # Names are unlinked as soon as every rank has mapped them, not at destroy().
+        tp.barrier()  # every owner has finished its rendezvous
+        assert not _shm_entries(comm), _shm_entries(comm)
+        x = random_tensor(4, 4, torch.float32, gen)
+        assert torch.equal(buf.all_gather(x), reference_all_gather(tp, x))
+    buf.destroy()
+    buf.destroy()  # idempotent
+
+
 def lifecycle(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
     """200 create/destroy cycles leak neither device memory, /dev/shm names, file descriptors
     nor mappings."""
-    warm = comm.create_buffer(4096)  # first use initialises CUDA state that stays
-    warm.destroy()
+    # Warm-up cycles first: the first ops load CUDA modules, create side streams and fill
+    # torch's allocator cache, which stay (not a leak) and must not count.
+    for i in range(50):
+        _cycle(comm, tp, gen, i)
     tp.barrier()
     before_fds = len(os.listdir("/proc/self/fd"))
     before_free = _free_device_memory()
     for i in range(200):
-        buf = comm.create_buffer(4096 + 64 * (i % 5))
-        if i % 50 == 0:
-            # Names are unlinked as soon as every rank has mapped them, not at destroy().
-            tp.barrier()  # every owner has finished its rendezvous
-            assert not _shm_entries(comm), _shm_entries(comm)
-            x = random_tensor(4, 4, torch.float32, gen)
-            assert torch.equal(buf.all_gather(x), reference_all_gather(tp, x))
-        buf.destroy()
-        buf.destroy()  # idempotent
+        _cycle(comm, tp, gen, i)
     tp.barrier()
     assert not _shm_entries(comm), _shm_entries(comm)
     assert len(os.listdir("/proc/self/fd")) == before_fds
@@ -169,7 +177,8 @@ def lifecycle(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> N
         assert "overlap-" not in f.read(), "a shared-memory mapping survived destroy()"
     # Each buffer is at least one 2 MiB device page: 200 leaked ones would show.
     leaked = before_free - _free_device_memory()
-    assert leaked < 16 << 20, f"{leaked} bytes of device memory leaked over 200 cycles"
+    print(f"lifecycle rank={tp.rank}: device memory change over 200 cycles {leaked} bytes")
+    assert leaked < 8 << 20, f"{leaked} bytes of device memory leaked over 200 cycles"
 
 
 def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
@@ -220,7 +229,10 @@ def views(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
     x = random_tensor(16, 24, torch.bfloat16, gen)
     want = reference_all_gather(tp, x)
     buf.all_gather(x)
-    for peer in range(tp.size):  # after an all-gather every region holds the whole result
+    # Our op completing says our region is whole; a peer's region is whole once every rank
+    # has finished its pushes into it, i.e. once all have entered the next op.
+    buf.barrier()
+    for peer in range(tp.size):  # now every region holds the whole result
         v = buf.view(torch.bfloat16, want.shape, peer=peer)
         assert v.device == x.device and torch.equal(v, want), f"view of peer {peer}"
     # A view aliases the region: what an op writes shows through it.
