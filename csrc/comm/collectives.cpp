@@ -87,23 +87,36 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
   return epoch;
 }
 
-// Copies slot `src_rank` of every part from `from`'s region to `to`'s region, in `split`
-// slices on lanes first..first+split-1; lane `first` then waits for the others.
+// Lanes per peer of an all-gather: `put_split` copy-engine lanes, plus one SM lane when part
+// of the bytes goes through the SM copy kernel (NOTE [sm puts]).
+int lanes_per_peer(const SymmetricBuffer& buf) {
+  return buf.put_split() + (buf.sm_percent() > 0 ? 1 : 0);
+}
+
+// Copies slot `src_rank` of every part from `from`'s region (or from the parts' inputs) to
+// `to`'s region on lanes first..first+lanes_per_peer-1: the first sm_percent % of each part
+// (rounded to 16 bytes) by the SM kernel on the last lane, the rest in put_split slices by the
+// copy engines. Lane `first` then waits for the others.
 void put_slot(SymmetricBuffer& buf, const std::vector<GatherPart>& parts, int src_rank, int from,
               int to, int first, bool from_input, cudaStream_t stream) {
   Transport& t = buf.transport();
   const int split = buf.put_split();
+  const int lanes = lanes_per_peer(buf);
   for (const GatherPart& a : parts) {
     const std::size_t slot = a.offset + src_rank * a.chunk_bytes;
     const char* src = from_input ? static_cast<const char*>(a.input) : buf.data(from) + slot;
-    const std::size_t slice = (a.chunk_bytes + split - 1) / split;
+    char* dst = buf.data(to) + slot;
+    const std::size_t sm_bytes = a.chunk_bytes * buf.sm_percent() / 100 / 16 * 16;
+    if (sm_bytes > 0) t.put_sm(dst, src, sm_bytes, buf.sm_blocks(), stream, first + split);
+    const std::size_t ce_bytes = a.chunk_bytes - sm_bytes;
+    const std::size_t slice = (ce_bytes + split - 1) / split;
     for (int j = 0; j < split; ++j) {
-      const std::size_t begin = std::min(a.chunk_bytes, j * slice);
-      const std::size_t bytes = std::min(a.chunk_bytes - begin, slice);
-      t.put(buf.data(to) + slot + begin, src + begin, bytes, stream, first + j);
+      const std::size_t begin = std::min(ce_bytes, j * slice);
+      const std::size_t bytes = std::min(ce_bytes - begin, slice);
+      t.put(dst + sm_bytes + begin, src + sm_bytes + begin, bytes, stream, first + j);
     }
   }
-  for (int j = 1; j < split; ++j) t.lane_wait(stream, first, first + j);
+  for (int j = 1; j < lanes; ++j) t.lane_wait(stream, first, first + j);
 }
 
 // Push: lane 0 copies our shard into our own slot; the lanes of peer i copy it into peer i's
@@ -113,14 +126,14 @@ void gather_by_pushes(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
   Transport& t = buf.transport();
   const int r = buf.rank();
   const int n = buf.size();
-  const int split = buf.put_split();
-  t.fork(stream, 1 + (n - 1) * split);
+  const int per_peer = lanes_per_peer(buf);
+  t.fork(stream, 1 + (n - 1) * per_peer);
   for (const GatherPart& a : parts) {
     t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
   }
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
-    const int first = 1 + (i - 1) * split;
+    const int first = 1 + (i - 1) * per_peer;
     put_slot(buf, parts, r, r, peer, first, /*from_input=*/true, stream);
     t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
   }
@@ -141,19 +154,19 @@ void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
   Transport& t = buf.transport();
   const int r = buf.rank();
   const int n = buf.size();
-  const int split = buf.put_split();
+  const int per_peer = lanes_per_peer(buf);
   for (const GatherPart& a : parts) {
     t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
   }
   for (int i = 1; i < n; ++i) {
     t.signal(buf.flag((r + i) % n, r, FlagSlot::kData), epoch, stream, 0);
   }
-  t.fork(stream, 1 + (n - 1) * split);
+  t.fork(stream, 1 + (n - 1) * per_peer);
   for (int i = 1; i < n; ++i) {
     const int peer = (r + n - i) % n;
-    const int first = 1 + (i - 1) * split;
+    const int first = 1 + (i - 1) * per_peer;
     WaitContext ctx{"all_gather", r, peer, i, epoch, buf.timeout_s()};
-    for (int j = 0; j < split; ++j) {
+    for (int j = 0; j < per_peer; ++j) {
       t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, first + j);
     }
     put_slot(buf, parts, peer, peer, r, first, /*from_input=*/false, stream);

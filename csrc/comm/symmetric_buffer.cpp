@@ -43,6 +43,15 @@ void SymmetricBuffer::set_put_split(int split) {
   put_split_ = split;
 }
 
+void SymmetricBuffer::set_sm_share(int percent, int blocks) {
+  OVERLAP_CHECK(percent >= 0 && percent <= 100, kConfig,
+                "sm_percent must be in [0, 100], got " << percent);
+  OVERLAP_CHECK(percent == 0 || (blocks >= 1 && blocks <= 1024), kConfig,
+                "sm_blocks must be in [1, 1024] when sm_percent > 0, got " << blocks);
+  sm_percent_ = percent;
+  sm_blocks_ = percent == 0 ? 0 : blocks;
+}
+
 std::string SymmetricBuffer::local_handle() const {
   OVERLAP_CHECK(state_ == State::kCreated, kState, "local_handle() is only valid before connect()");
   std::ostringstream oss;

@@ -72,6 +72,12 @@ class SymmetricBuffer {
   // copy engines (false, the default) or pulled from their regions by ours (true).
   bool pull_gather() const { return pull_gather_; }
   void set_pull_gather(bool pull) { pull_gather_ = pull; }
+  // NOTE [sm puts]: `sm_percent` % of every all-gather put goes through an SM copy kernel of
+  // `sm_blocks` blocks (on its own lane), the rest through the copy engines. 0 (the default)
+  // keeps the all-gather off the SMs entirely.
+  int sm_percent() const { return sm_percent_; }
+  int sm_blocks() const { return sm_blocks_; }
+  void set_sm_share(int percent, int blocks);
   Transport& transport() const { return *transport_; }
 
   // Start of the data region of `peer` (this rank's own when peer == rank()).
@@ -99,6 +105,8 @@ class SymmetricBuffer {
   double timeout_s_;
   int put_split_ = kDefaultPutSplit;
   bool pull_gather_ = false;
+  int sm_percent_ = 0;
+  int sm_blocks_ = 0;
   State state_ = State::kCreated;
   std::uint64_t epoch_ = 0;
   std::shared_ptr<LocalRegion> local_;

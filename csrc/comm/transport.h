@@ -87,6 +87,10 @@ class Transport {
   // Copy `bytes` from src to dst (either may be a peer mapping), in order on `lane`.
   virtual void put(void* dst, const void* src, std::size_t bytes, cudaStream_t stream,
                    int lane) = 0;
+  // The same as put, moved by SM loads/stores with at most `blocks` blocks (NOTE [sm puts] in
+  // kernels/copy.h); the host transport copies with memcpy.
+  virtual void put_sm(void* dst, const void* src, std::size_t bytes, int blocks,
+                      cudaStream_t stream, int lane) = 0;
   // Publish `value` into a flag (local or a peer's), after all earlier puts on the lane.
   virtual void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t stream, int lane) = 0;
   // Block (host) or make the lane wait (cuda) until *flag >= value. A wait that has not been

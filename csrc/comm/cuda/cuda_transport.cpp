@@ -33,6 +33,7 @@
 #include "common/cuda/driver_api.h"
 #include "common/errors.h"
 #include "common/lifecycle.h"
+#include "kernels/copy.h"
 #include "kernels/reduce.h"
 
 namespace overlap::comm {
@@ -155,6 +156,12 @@ class CudaTransport final : public Transport {
     DeviceGuard guard(device_);
     OVERLAP_CHECK_CUDA(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lanes_.stream(stream, lane)));
+  }
+
+  void put_sm(void* dst, const void* src, std::size_t bytes, int blocks, cudaStream_t stream,
+              int lane) override {
+    DeviceGuard guard(device_);
+    kernels::copy_cuda(dst, src, bytes, blocks, lanes_.stream(stream, lane));
   }
 
   void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t stream, int lane) override {

@@ -79,6 +79,11 @@ class HostTransport final : public Transport {
     if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
   }
 
+  void put_sm(void* dst, const void* src, std::size_t bytes, int, cudaStream_t stream,
+              int lane) override {
+    put(dst, src, bytes, stream, lane);
+  }
+
   void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t, int) override {
     // Release: every earlier put is visible to a peer that acquires this value.
     __atomic_store_n(flag, value, __ATOMIC_RELEASE);

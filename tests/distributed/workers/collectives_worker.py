@@ -73,6 +73,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
         x = random_tensor(rows, cols, dtype, gen)  # nbytes rarely a multiple of 16
         buf.put_split = 1 + trial % 3  # one to three copies per peer: same bytes
         buf.pull_gather = trial % 2 == 1  # pushes and pulls: same bytes
+        buf.sm_share = (0, 0) if trial % 4 < 2 else (37, 3)  # part by SM copies: same bytes
         out = torch.full((rows * tp.size, cols), 7, dtype=dtype, device=DEVICE)  # poisoned
         got = buf.all_gather(x, out)
         assert got is out
@@ -221,6 +222,7 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     _worker.expect_raises(StateError, "destroyed", lambda: keep.all_gather(x))
     _worker.expect_raises(InvalidArgumentError, "positive int", lambda: comm.create_buffer(0))
     _worker.expect_raises(ConfigError, "put_split", lambda: setattr(keep, "put_split", 9))
+    _worker.expect_raises(ConfigError, "sm_percent", lambda: setattr(keep, "sm_share", (101, 4)))
 
 
 def views(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
