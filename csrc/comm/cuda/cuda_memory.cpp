@@ -41,6 +41,18 @@ void from_hex(const std::string& hex, void* bytes, std::size_t n) {
   }
 }
 
+// Cleanup paths (destructors): run `release` with `device` current, then restore the caller's
+// device; failures are logged, never thrown, and nothing runs once the process is finalizing.
+template <typename Release>
+void release_on_device(int device, Release&& release) {
+  if (process_finalizing()) return;
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) return;
+  OVERLAP_WARN_CUDA(cudaSetDevice(device));
+  release();
+  OVERLAP_WARN_CUDA(cudaSetDevice(previous));
+}
+
 }  // namespace
 
 DeviceAllocation::DeviceAllocation(int device, std::size_t bytes) : device_(device), size_(bytes) {
@@ -56,12 +68,8 @@ DeviceAllocation::DeviceAllocation(int device, std::size_t bytes) : device_(devi
 }
 
 DeviceAllocation::~DeviceAllocation() {
-  if (data_ == nullptr || process_finalizing()) return;
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess) return;
-  OVERLAP_WARN_CUDA(cudaSetDevice(device_));
-  OVERLAP_WARN_CUDA(cudaFree(data_));
-  OVERLAP_WARN_CUDA(cudaSetDevice(previous));
+  if (data_ == nullptr) return;
+  release_on_device(device_, [this] { OVERLAP_WARN_CUDA(cudaFree(data_)); });
 }
 
 std::string DeviceAllocation::export_ipc_handle() const {
@@ -87,12 +95,8 @@ IpcMapping::IpcMapping(int device, const std::string& hex_handle) : device_(devi
 }
 
 IpcMapping::~IpcMapping() {
-  if (data_ == nullptr || process_finalizing()) return;
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess) return;
-  OVERLAP_WARN_CUDA(cudaSetDevice(device_));
-  OVERLAP_WARN_CUDA(cudaIpcCloseMemHandle(data_));
-  OVERLAP_WARN_CUDA(cudaSetDevice(previous));
+  if (data_ == nullptr) return;
+  release_on_device(device_, [this] { OVERLAP_WARN_CUDA(cudaIpcCloseMemHandle(data_)); });
 }
 
 HostRegistration::HostRegistration(void* data, std::size_t bytes) : data_(data) {
