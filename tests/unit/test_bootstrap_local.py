@@ -41,3 +41,31 @@ def test_broadcast_root_validation() -> None:
     with pytest.raises(ConfigError, match="must pass bytes"):
         g.broadcast_bytes(None, root=0)
     assert g.broadcast_bytes(b"abc", root=0) == b"abc"
+
+
+class SilentGroup(FakeGroup):
+    """A group that must never be asked anything: construction has to fail before any
+    collective call."""
+
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        raise AssertionError("a collective was reached before the configuration was validated")
+
+
+def test_communicator_rejects_bad_configuration_before_any_collective() -> None:
+    from overlap import cuda_available
+    from overlap.comm import Communicator
+    from overlap.errors import UnsupportedHardwareError
+
+    group = SilentGroup(0, [b"", b""])
+    with pytest.raises(ConfigError, match="unknown transport 'nvlink'"):
+        Communicator(group, "nvlink")
+    with pytest.raises(ConfigError, match="timeout_s must be > 0"):
+        Communicator(group, "host", timeout_s=0)
+    with pytest.raises(ConfigError, match="only meaningful for the cuda transport"):
+        Communicator(group, "host", device=0)
+    if not cuda_available():
+        with pytest.raises(UnsupportedHardwareError, match="the cuda transport"):
+            Communicator(group, "cuda")
+    else:
+        with pytest.raises(ConfigError, match="does not exist"):
+            Communicator(group, "cuda", device=999)
