@@ -52,29 +52,17 @@ py::object get_attr(py::handle obj, PyObject* name) {
 int fast_cuda_device(py::handle obj) {
   static PyObject* const kIsCuda = intern("is_cuda");
   static PyObject* const kGetDevice = intern("get_device");
-  PyObject* is_cuda = PyObject_GetAttr(obj.ptr(), kIsCuda);
-  if (is_cuda == nullptr) {
-    PyErr_Clear();
+  const auto general_path = [] {
+    PyErr_Clear();  // harmless where none is set
     return -1;
-  }
-  const int truth = PyObject_IsTrue(is_cuda);
-  Py_DECREF(is_cuda);
-  if (truth != 1) {
-    if (truth < 0) PyErr_Clear();
-    return -1;
-  }
-  PyObject* index = PyObject_CallMethodNoArgs(obj.ptr(), kGetDevice);
-  if (index == nullptr) {
-    PyErr_Clear();
-    return -1;
-  }
-  const long device = PyLong_AsLong(index);
-  Py_DECREF(index);
-  if (device < 0) {
-    PyErr_Clear();
-    return -1;
-  }
-  return static_cast<int>(device);
+  };
+  const auto is_cuda = py::reinterpret_steal<py::object>(PyObject_GetAttr(obj.ptr(), kIsCuda));
+  if (!is_cuda || PyObject_IsTrue(is_cuda.ptr()) != 1) return general_path();
+  const auto index =
+      py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(obj.ptr(), kGetDevice));
+  if (!index) return general_path();
+  const long device = PyLong_AsLong(index.ptr());
+  return device >= 0 ? static_cast<int>(device) : general_path();
 }
 
 }  // namespace
