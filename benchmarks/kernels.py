@@ -1,7 +1,8 @@
 """Bandwidth of the quantization and reduction kernels next to a device-to-device copy.
 
 ``python -m benchmarks.kernels --json out.json`` on one GPU (about 30 s): cast_to_fp8,
-cast_transpose, 1x128 block quantization (both directions) and the reduction of k = 2 and 4
+cast_transpose, 1x128 block quantization (both directions) on 2048 x 8192, 8192 x 8192 and
+16384 x 8192 bf16, and the reduction of k = 2 and 4
 bf16 partials of an 8192 x 8192 / k reduce-scatter shard. Each kernel's bandwidth counts the
 bytes it reads plus the bytes it writes (data and scales); the reference is a
 device-to-device copy (``Tensor.copy_``) moving the same total number of bytes, timed right
@@ -32,7 +33,9 @@ from typing import Any
 from benchmarks.common import format_table, time_op, write_json
 
 HIDDEN = 8192
-SHAPES = [(8192, 8192), (16384, 8192)]  # tokens x hidden, bf16
+# tokens x hidden, bf16: a per-chunk shape (one of several chunks a layer's 8192-token input is
+# pipelined in: 1024 tiles of 128x128, under two waves on an H200) and the whole-layer shapes
+SHAPES = [(2048, 8192), (8192, 8192), (16384, 8192)]
 TP_SIZES = [2, 4]
 
 
