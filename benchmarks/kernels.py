@@ -2,9 +2,9 @@
 
 ``python -m benchmarks.kernels --json out.json`` on one GPU (about 30 s): cast_to_fp8,
 cast_transpose, 1x128 block quantization (both directions) on 2048 x 8192, 8192 x 8192 and
-16384 x 8192 bf16, and the reduction of k = 2 and 4
-bf16 partials of an 8192 x 8192 / k reduce-scatter shard. Each kernel's bandwidth counts the
-bytes it reads plus the bytes it writes (data and scales); the reference is a
+16384 x 8192 bf16, and the reduction of k = 2 and 4 bf16 partials of an 8192 x 8192 / k
+reduce-scatter shard. Each kernel's bandwidth counts the bytes it reads plus the bytes it
+writes (data and scales); the reference is a
 device-to-device copy (``Tensor.copy_``) moving the same total number of bytes, timed right
 after it. Medians of CUDA-event timings after warm-up (benchmarks/common.py).
 
