@@ -13,9 +13,28 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+# GPU clock cycles of the spin queued ahead of a timed op by time_op(queued=True): about
+# 0.5 ms at H100/H200 clocks, far longer than the host needs to enqueue the op and its events.
+_QUEUE_SPIN_CYCLES = 1_000_000
 
-def time_op(fn: Callable[[], object], *, cuda: bool, warmup: int = 5, iters: int = 20) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs."""
+
+def time_op(
+    fn: Callable[[], object],
+    *,
+    cuda: bool,
+    warmup: int = 5,
+    iters: int = 20,
+    queued: bool = False,
+) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs.
+
+    With ``cuda``, CUDA events around each call; the GPU is idle when the start event is
+    recorded, so the time includes the host's work to enqueue ``fn`` (Python, argument checks,
+    launch calls) wherever that is longer than the GPU's own start. With ``queued`` as well, a
+    GPU spin (``torch.cuda._sleep``) is enqueued first, so that the start event, ``fn`` and
+    the end event are all queued before the GPU reaches them: the time is then the GPU's
+    alone (the kernels and the gaps between them), without the host's enqueueing.
+    """
     for _ in range(warmup):
         fn()
     samples = []
@@ -26,6 +45,8 @@ def time_op(fn: Callable[[], object], *, cuda: bool, warmup: int = 5, iters: int
         for _ in range(iters):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
+            if queued:
+                torch.cuda._sleep(_QUEUE_SPIN_CYCLES)
             start.record()
             fn()
             end.record()

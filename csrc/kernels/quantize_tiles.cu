@@ -15,11 +15,15 @@
 // (NOTE [bit-exact kernels]); elements are fp8(x * multiplier) with __fmul_rn.
 //
 // NOTE [transpose tile]: the transposed bytes go through a 128 x kPitch byte tile in shared
-// memory. Each thread then gathers 16 bytes down one column (16 rows) and stores them as one
-// 16-byte vector of out^T. Lanes 2m and 2m+1 take the same column and adjacent 16-row chunks,
-// so a warp reads 16 consecutive bytes from two rows 16 apart: with kPitch = 132, 16 rows
-// are 528 words = 16 banks apart, so the warp's reads are free of bank conflicts, and the
-// two lanes' stores fill one 32-byte sector.
+// memory, written in x's layout (row of the tile, column bytes). Each thread then reads a 16 x 4
+// byte block (16 rows, 4 adjacent columns) as sixteen 32-bit words, transposes it in registers
+// with byte permutes (4x4 blocks, transpose_4x4) and stores four 16-byte vectors of out^T, one
+// per column: 16 shared loads and 4 global stores for 64 bytes. Warp w takes column groups
+// 16 * (w % 2) + m (m = lane / 2) and 16-row chunks 2 * (w / 2) + lane % 2: the two lanes of a
+// pair take the same columns and adjacent chunks, so their stores fill whole 32-byte sectors,
+// and a warp's load of one word reads 16 consecutive words from two rows 16 apart: with
+// kPitch = 132, 16 rows are 528 words = 16 banks apart, so the loads are free of bank
+// conflicts.
 #include "kernels/device_utils.cuh"
 #include "kernels/quantize_tiles.h"
 
@@ -73,8 +77,36 @@ __device__ __forceinline__ void store_row_bytes(std::uint8_t* base, std::int64_t
   }
 }
 
+// In place: a[i] holds bytes (i, 0..3) of a 4x4 byte block (byte j of a[i] is column j of
+// row i); afterwards a[j] holds column j, rows 0..3 in bytes 0..3.
+__device__ __forceinline__ void transpose_4x4(std::uint32_t (&a)[4]) {
+  const std::uint32_t t0 = __byte_perm(a[0], a[1], 0x5140);  // a0c0 a1c0 a0c1 a1c1
+  const std::uint32_t t1 = __byte_perm(a[0], a[1], 0x7362);  // a0c2 a1c2 a0c3 a1c3
+  const std::uint32_t t2 = __byte_perm(a[2], a[3], 0x5140);  // a2c0 a3c0 a2c1 a3c1
+  const std::uint32_t t3 = __byte_perm(a[2], a[3], 0x7362);  // a2c2 a3c2 a2c3 a3c3
+  a[0] = __byte_perm(t0, t2, 0x5410);
+  a[1] = __byte_perm(t0, t2, 0x7632);
+  a[2] = __byte_perm(t1, t3, 0x5410);
+  a[3] = __byte_perm(t1, t3, 0x7632);
+}
+
+// NOTE [tile occupancy]: resident blocks per SM asked of ptxas (__launch_bounds__), which caps
+// the registers at 65536 / (256 * blocks): every resident block keeps its whole tile's loads in
+// flight at once, so more blocks per SM are more bytes in flight. For 16-bit inputs the tile
+// is 32 registers a thread: per-tensor scaling fits 48 registers (5 blocks, no spills), the
+// 1x128 / 128x128 formats 64 (4 blocks), MXFP8 80 (3 blocks, as unbounded: 2 would let ptxas
+// take 84); fp32 inputs (64 registers of tile) 128 (2 blocks, as unbounded). ptxas -v shows
+// the effect (the aim: the largest count without more than a few bytes of spills).
+template <typename T, TileScaling kMode>
+constexpr int tile_min_blocks() {
+  if constexpr (sizeof(T) != 2) return 2;
+  if constexpr (kMode == TileScaling::kMXFP8) return 3;
+  return kMode == TileScaling::kTensor ? 5 : 4;
+}
+
 template <typename T, DType kFmt, TileScaling kMode>
-__global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileParams p) {
+__global__ void __launch_bounds__(kThreads, (tile_min_blocks<T, kMode>()))
+    quantize_tile_kernel(const TileParams p) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   constexpr int kWords = kVec / 4;
   constexpr int kTPR = kTile / kVec;
@@ -93,8 +125,10 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileParam
   __shared__ std::uint32_t tile_t[kTransposed ? kTile * kPitch / 4 : 1];
   __shared__ unsigned col_red[kPerBlock ? kWarps * kColGroups * kTile : 1];
   __shared__ float col_mult[kPerBlock ? kColGroups * kTile : 1];
+  constexpr bool kTensorScale = kMode == TileScaling::kTensor;
+  __shared__ unsigned warp_amax[kTensorScale ? kWarps : 1];
 
-  if constexpr (kMode == TileScaling::kTensor) {
+  if constexpr (kTensorScale) {
     if (blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = reciprocal(*p.scale);
   }
   if (blockIdx.x >= p.num_tiles) return;  // an empty tensor: only scale_inv to write
@@ -132,6 +166,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileParam
   float tile_mult = 1.0f;
   if constexpr (kPerBlock) {
     if (want_row) {
+      unsigned row_amax[kMX ? 1 : kPasses];  // per pass: the amax of this row's block
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
         unsigned m = 0;
@@ -139,21 +174,41 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileParam
         for (int j = 0; j < kVec; ++j) m = max(m, abs_bits(element<T>(raw[i], j)));
 #pragma unroll
         for (int o = 1; o < kRowBlockLanes; o *= 2) m = max(m, __shfl_xor_sync(kFullMask, m, o));
-        const float amax = __uint_as_float(m);
-        const std::int64_t r = r0 + tr + kRP * i;
-        const bool writer = threadIdx.x % kRowBlockLanes == 0 && r < p.rows && cg < p.cols;
         if constexpr (kMX) {
-          const std::uint8_t byte = device::mx_scale_byte<kFmt>(amax);
+          const std::uint8_t byte = device::mx_scale_byte<kFmt>(__uint_as_float(m));
           row_mult[i] = reciprocal(device::e8m0_to_float(byte));
-          if (writer) {
+          const std::int64_t r = r0 + tr + kRP * i;
+          if (threadIdx.x % kRowBlockLanes == 0 && r < p.rows && cg < p.cols) {
             static_cast<std::uint8_t*>(p.row_scale)[r * (p.cols / kMXBlockLen) + cg / kMXBlockLen] =
                 byte;
           }
         } else {
-          const float s = device::scale_from_amax(amax, kFp8Max, 0, p.power_of_2, p.epsilon);
-          row_mult[i] = s;
-          if (writer) static_cast<float*>(p.row_scale)[r * p.tiles_c + tile_c] = reciprocal(s);
+          row_amax[i] = m;
         }
+      }
+      if constexpr (!kMX) {
+        // NOTE [row scales spread]: a 1x128 block is one row of the tile, held by the
+        // kRowBlockLanes (= kTPR) lanes of that row, which all hold its amax for every pass.
+        // Rather than each lane working out all kPasses scales (a division, an ldexp and the
+        // clamps each, plus the divergent reciprocal of the writer), lane j of the row works out
+        // pass j's scale (kPasses <= kRowBlockLanes), writes its scale_inv, and the scales go
+        // back to every lane of the row by shuffles.
+        static_assert(kPasses <= kRowBlockLanes && kRowBlockLanes == kTPR, "row scale lanes");
+        const int lane = threadIdx.x % 32;
+        const int my_pass = lane % kRowBlockLanes;
+        unsigned mine = 0;
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i) mine = i == my_pass ? row_amax[i] : mine;
+        float s = 1.0f;
+        if (my_pass < kPasses) {
+          s = device::scale_from_amax(__uint_as_float(mine), kFp8Max, 0, p.power_of_2, p.epsilon);
+          // (Every row of an existing tile has a block: its first column c0 is < cols.)
+          const std::int64_t r = r0 + tr + kRP * my_pass;
+          if (r < p.rows) static_cast<float*>(p.row_scale)[r * p.tiles_c + tile_c] = reciprocal(s);
+        }
+        const int row_base = lane - my_pass;
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i) row_mult[i] = __shfl_sync(kFullMask, s, row_base + i);
       }
     }
     if (want_col) {
@@ -233,7 +288,10 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileParam
 #pragma unroll
         for (int j = 0; j < kVec; ++j) m = max(m, abs_bits(element<T>(raw[i], j)));
       }
-      device::block_amax_to<kThreads>(m, p.amax);
+      // Per warp now; over the warps after the barrier before step 4, so that no warp waits
+      // for the others' loads before it quantizes its own rows.
+      m = device::warp_max(m);
+      if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
     }
   }
 
@@ -283,36 +341,48 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileParam
     }
   }
 
-  // 4. The transposed tile out (NOTE [transpose tile]).
+  // 4. The transposed tile out (NOTE [transpose tile]); the block's amax (per-tensor scaling)
+  // is folded in after the same barrier.
+  const bool block_amax = kTensorScale && p.amax != nullptr;
+  if ((kTransposed && want_col) || block_amax) __syncthreads();
+  if constexpr (kTensorScale) {
+    if (block_amax && threadIdx.x == 0) {
+      unsigned m = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) m = max(m, warp_amax[w]);
+      if (m != 0u) atomicMax(p.amax, m);
+    }
+  }
   if constexpr (kTransposed) {
     if (want_col) {
-      __syncthreads();
-      const auto* tile_bytes = reinterpret_cast<const std::uint8_t*>(tile_t);
+      const int warp = threadIdx.x / 32;
+      const int lane = threadIdx.x % 32;
+      const int c4 = 4 * (16 * (warp % 2) + lane / 2);  // first of the thread's 4 columns
+      const int chunk = 2 * (warp / 2) + lane % 2;      // its 16 rows: chunk * 16 + [0, 16)
+      const std::int64_t gr = r0 + chunk * 16;
+      std::uint32_t cols[4][4];  // cols[j][b]: column c4 + j, rows chunk * 16 + 4b + [0, 4)
 #pragma unroll
-      for (int k = 0; k < kTile * kTile / 16 / kThreads; ++k) {
-        const int q = threadIdx.x + kThreads * k;
-        const int c = (q % kThreads) / 2;
-        const int chunk = (q & 1) + 2 * k;
-        const std::int64_t gc = c0 + c;
-        const std::int64_t gr = r0 + chunk * 16;
-        if (gc < p.cols && gr < p.rows) {
-          std::uint32_t w[4];
+      for (int b = 0; b < 4; ++b) {
+        std::uint32_t a[4];
 #pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            w[b] = 0u;
+        for (int e = 0; e < 4; ++e) a[e] = tile_t[((chunk * 16 + 4 * b + e) * kPitch + c4) / 4];
+        transpose_4x4(a);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              w[b] |= static_cast<std::uint32_t>(tile_bytes[(chunk * 16 + 4 * b + e) * kPitch + c])
-                      << (8 * e);
-            }
-          }
-          std::uint8_t* dst = p.col_data + gc * p.rows + gr;
-          if (p.col_vec) {
-            device::store_words<4>(dst, w);
-          } else {
+        for (int j = 0; j < 4; ++j) cols[j][b] = a[j];
+      }
+      if (gr < p.rows) {
 #pragma unroll
-            for (int e = 0; e < 16; ++e) {
-              if (gr + e < p.rows) dst[e] = device::byte_of(w, e);
+        for (int j = 0; j < 4; ++j) {
+          const std::int64_t gc = c0 + c4 + j;
+          if (gc < p.cols) {
+            std::uint8_t* dst = p.col_data + gc * p.rows + gr;
+            if (p.col_vec) {
+              device::store_words<4>(dst, cols[j]);
+            } else {
+#pragma unroll
+              for (int e = 0; e < 16; ++e) {
+                if (gr + e < p.rows) dst[e] = device::byte_of(cols[j], e);
+              }
             }
           }
         }

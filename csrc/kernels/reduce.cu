@@ -21,6 +21,15 @@ constexpr int kMaxInputs = 64;
 // Inputs loaded before any of them is summed: up to kLoadBatch independent 16-byte loads in
 // flight per thread (4 registers each), which hides the latency of peer memory.
 constexpr int kLoadBatch = 8;
+// NOTE [reduce loads in flight]: with k <= kSmallK inputs a thread takes kSmallVecs vectors a
+// grid-stride step (the second one grid-stride away, so each load instruction of a warp stays
+// one contiguous 512-byte run), all k * kSmallVecs loads issued before any sum: 2k loads in
+// flight instead of k. At k = 2 that is 64 bytes a thread, 64 KiB an SM at 1024 resident
+// threads (4 blocks at <= 64 registers), against the ~30 KiB an SM needs in flight to keep
+// HBM3e busy (Little's law: ~4.8 TB/s x ~0.8 us / 132 SMs, an estimate); one vector a step
+// (32 bytes at k = 2) sat at that edge.
+constexpr int kSmallK = 4;
+constexpr int kSmallVecs = 2;
 
 struct InputPointers {
   const void* ptr[kMaxInputs];
@@ -64,9 +73,25 @@ __device__ __forceinline__ void store_vector(void* out, std::size_t i, const flo
   }
 }
 
+// The sum of element vector v (kVec elements) of the k <= kSmallK inputs, NOTE [reduction
+// order], from loads already made: x[p] is input p's vector.
+template <typename T, int kVec>
+__device__ __forceinline__ void sum_loaded(const uint4 (&x)[kSmallK], int k, float (&acc)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) acc[j] = element<T>(x[0], j);
+#pragma unroll
+  for (int p = 1; p < kSmallK; ++p) {
+    if (p < k) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[j] = __fadd_rn(acc[j], element<T>(x[p], j));
+    }
+  }
+}
+
 // NOTE [reduction order] (reduce.h): acc = in[0]; acc += in[1]; ... with __fadd_rn, so that
-// the sum is the host reference's to the bit.
-template <typename T, DType kOut>
+// the sum is the host reference's to the bit. kSmall: k <= kSmallK (NOTE [reduce loads in
+// flight]).
+template <typename T, DType kOut, bool kSmall>
 __global__ void __launch_bounds__(kThreads)
     reduce_kernel(const InputPointers in, int k, std::size_t n, void* out, const float* scale,
                   float* scale_inv, unsigned* amax, bool vectorized) {
@@ -79,40 +104,73 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   unsigned local = 0;
-  device::grid_stride<kVec>(
-      n, vectorized,
-      [&](std::size_t i) {
-        float acc[kVec] = {};
-        for (int p0 = 0; p0 < k; p0 += kLoadBatch) {
-          uint4 v[kLoadBatch];
+  const auto scalar_op = [&](std::size_t i) {
+    float acc = device::to_float(static_cast<const T*>(in.ptr[0])[i]);
+    for (int p = 1; p < k; ++p) {
+      acc = __fadd_rn(acc, device::to_float(static_cast<const T*>(in.ptr[p])[i]));
+    }
+    local = max(local, abs_bits(acc));
+    store_one<kOut>(out, i, acc, s);
+  };
+  if constexpr (kSmall) {
+    // NOTE [vector and scalar paths] with kSmallVecs vectors a step, then the scalar tail.
+    const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    const std::size_t n_vec = vectorized ? n / kVec : 0;
+    for (std::size_t v0 = tid; v0 < n_vec; v0 += kSmallVecs * stride) {
+      uint4 x[kSmallVecs][kSmallK];
 #pragma unroll
-          for (int u = 0; u < kLoadBatch; ++u) {
-            if (p0 + u < k)
-              v[u] = *(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p0 + u]) + i));
+      for (int u = 0; u < kSmallVecs; ++u) {
+        const std::size_t i = (v0 + u * stride) * kVec;
+#pragma unroll
+        for (int p = 0; p < kSmallK; ++p) {
+          x[u][p] = make_uint4(0u, 0u, 0u, 0u);
+          if (p < k && v0 + u * stride < n_vec) {
+            x[u][p] = *(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + i));
           }
+        }
+      }
 #pragma unroll
-          for (int u = 0; u < kLoadBatch; ++u) {
-            if (p0 + u < k) {
+      for (int u = 0; u < kSmallVecs; ++u) {
+        if (v0 + u * stride < n_vec) {
+          float acc[kVec];
+          sum_loaded<T, kVec>(x[u], k, acc);
 #pragma unroll
-              for (int j = 0; j < kVec; ++j) {
-                const float e = element<T>(v[u], j);
-                acc[j] = p0 + u == 0 ? e : __fadd_rn(acc[j], e);
+          for (int j = 0; j < kVec; ++j) local = max(local, abs_bits(acc[j]));
+          store_vector<kOut, kVec>(out, (v0 + u * stride) * kVec, acc, s);
+        }
+      }
+    }
+    for (std::size_t i = n_vec * kVec + tid; i < n; i += stride) scalar_op(i);
+  } else {
+    device::grid_stride<kVec>(
+        n, vectorized,
+        [&](std::size_t i) {
+          float acc[kVec] = {};
+          for (int p0 = 0; p0 < k; p0 += kLoadBatch) {
+            uint4 v[kLoadBatch];
+#pragma unroll
+            for (int u = 0; u < kLoadBatch; ++u) {
+              if (p0 + u < k)
+                v[u] = *(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p0 + u]) + i));
+            }
+#pragma unroll
+            for (int u = 0; u < kLoadBatch; ++u) {
+              if (p0 + u < k) {
+#pragma unroll
+                for (int j = 0; j < kVec; ++j) {
+                  const float e = element<T>(v[u], j);
+                  acc[j] = p0 + u == 0 ? e : __fadd_rn(acc[j], e);
+                }
               }
             }
           }
-        }
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) local = max(local, abs_bits(acc[j]));
-        store_vector<kOut, kVec>(out, i, acc, s);
-      },
-      [&](std::size_t i) {
-        float acc = device::to_float(static_cast<const T*>(in.ptr[0])[i]);
-        for (int p = 1; p < k; ++p) {
-          acc = __fadd_rn(acc, device::to_float(static_cast<const T*>(in.ptr[p])[i]));
-        }
-        local = max(local, abs_bits(acc));
-        store_one<kOut>(out, i, acc, s);
-      });
+          for (int j = 0; j < kVec; ++j) local = max(local, abs_bits(acc[j]));
+          store_vector<kOut, kVec>(out, i, acc, s);
+        },
+        scalar_op);
+  }
   if (amax != nullptr) device::block_amax_to<kThreads>(local, amax);
 }
 
@@ -185,9 +243,15 @@ void reduce_pointers_cuda(const void* const* inputs, DType dtype, std::size_t k,
       const unsigned grid = grid_size(vectorized ? n / kVec : n, kThreads, max_blocks);
       // NOTE [amax bits]: zeroed in stream order, then max-reduced into by the kernel.
       if (amax != nullptr) OVERLAP_CHECK_CUDA(cudaMemsetAsync(amax, 0, sizeof(float), stream));
-      reduce_kernel<T, kOut>
-          <<<grid, kThreads, 0, stream>>>(in, static_cast<int>(k), n, out, scale, scale_inv,
-                                          reinterpret_cast<unsigned*>(amax), vectorized);
+      if (k <= static_cast<std::size_t>(kSmallK)) {
+        reduce_kernel<T, kOut, true>
+            <<<grid, kThreads, 0, stream>>>(in, static_cast<int>(k), n, out, scale, scale_inv,
+                                            reinterpret_cast<unsigned*>(amax), vectorized);
+      } else {
+        reduce_kernel<T, kOut, false>
+            <<<grid, kThreads, 0, stream>>>(in, static_cast<int>(k), n, out, scale, scale_inv,
+                                            reinterpret_cast<unsigned*>(amax), vectorized);
+      }
       OVERLAP_CHECK_LAUNCH("reduce_kernel");
     });
   });

@@ -88,9 +88,21 @@ class BlockScaledFP8(NamedTuple):
 
 
 def _stream_of(t: torch.Tensor) -> int:
+    """The handle of the current stream of ``t``'s CUDA device (0 for a CPU tensor).
+
+    On the launch path of every op: ``torch._C._cuda_getCurrentRawStream`` returns the handle
+    as an int without building a ``torch.cuda.Stream`` object (what
+    ``torch.cuda.current_stream(device).cuda_stream`` does, the fallback where the private
+    function is missing).
+    """
+    if not t.is_cuda:
+        return 0
     import torch
 
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(t.get_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def _require_tensor(op: str, name: str, t: object) -> None:
