@@ -95,8 +95,8 @@ def best_gemm(a: torch.Tensor | QuantizedTensor, w, tp: int, timer) -> float:
     return min(timer(lambda: gemm(ad, wd, **kw)), timer(chunked))
 
 
-def torch_async_tp(row: dict, a, w, group_name: str) -> Callable[[], object] | None:
-    """torch's fused op for this row, or None when it is not available."""
+def torch_async_tp(row: dict, a, w, group_name: str) -> Callable[[], object]:
+    """torch's fused op for this row (the caller reports "n/a" when it raises)."""
     sm = torch.ops.symm_mem
     ad, asi = data_of(a)
     wd, wsi = data_of(w)
@@ -104,13 +104,13 @@ def torch_async_tp(row: dict, a, w, group_name: str) -> Callable[[], object] | N
     if row["op"] == "ag_gemm":
         if fp8:
             return lambda: sm.fused_all_gather_scaled_matmul(
-                ad, [wd.t()], asi, [wsi], 0, group_name, [None], [None], [torch.bfloat16]
+                ad, [wd.t()], asi, [wsi], 0, group_name, [None], [None], [torch.bfloat16], [True]
             )
         return lambda: sm.fused_all_gather_matmul(ad, [wd.t()], 0, group_name)
     if fp8:
         shape = [ad.shape[0], wd.shape[0]]
         return lambda: sm.fused_scaled_matmul_reduce_scatter(
-            ad, wd.t(), asi, wsi, "sum", 0, 0, group_name, shape, None, None, torch.bfloat16
+            ad, wd.t(), asi, wsi, "sum", 0, 0, group_name, shape, None, None, torch.bfloat16, True
         )
     return lambda: sm.fused_matmul_reduce_scatter(ad, wd.t(), "sum", 0, group_name)
 
@@ -186,10 +186,15 @@ def bench_row(row: dict, fp8: bool, comm: Communicator, cuda: bool, iters: int) 
 
 
 def enable_torch_symm_mem(group: Any) -> None:
+    """Older torch needs this before its fused ops; newer torch deprecates it (no-op)."""
+    import warnings
+
     try:
         from torch.distributed import _symmetric_memory as symm_mem
 
-        symm_mem.enable_symm_mem_for_group(group.group_name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            symm_mem.enable_symm_mem_for_group(group.group_name)
     except Exception as exc:  # torch's async-TP is then reported as n/a
         print(f"[overlap_ops] torch symmetric memory unavailable: {exc}", flush=True)
 
