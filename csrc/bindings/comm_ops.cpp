@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
@@ -55,6 +56,19 @@ gemm::GemmOperand operand(const SymmetricBuffer& buf, const TensorRef& t,
     OVERLAP_CHECK_ARG(!scale_inv.has_value(), op << ": " << what << " is not FP8: no scale_inv");
   }
   return x;
+}
+
+// The input and the weight of an op (transb: the weight is stored [n, k]).
+std::pair<gemm::GemmOperand, gemm::GemmOperand> operands(const SymmetricBuffer& buf, py::handle a,
+                                                         py::handle a_scale_inv, py::handle b,
+                                                         py::handle b_scale_inv, bool transb,
+                                                         const char* op) {
+  const TensorRef ar = tensor_ref_from_py(a, "input");
+  const TensorRef br = tensor_ref_from_py(b, "weight");
+  return {operand(buf, ar, optional_tensor_ref_from_py(a_scale_inv, "input scale_inv"), false, op,
+                  "input"),
+          operand(buf, br, optional_tensor_ref_from_py(b_scale_inv, "weight scale_inv"), transb, op,
+                  "weight")};
 }
 
 // A contiguous 2-D output.
@@ -112,16 +126,9 @@ void register_comm_ops(py::module_& m) {
          py::handle a_scale_inv, py::handle b_scale_inv, py::handle bias, bool gelu, float alpha,
          bool fast_accum, int sm_count, int compute_lanes, std::uintptr_t stream) {
         constexpr const char* kOp = "ag_gemm";
-        const TensorRef ar = tensor_ref_from_py(a, "input shard");
-        const TensorRef br = tensor_ref_from_py(b, "weight");
+        const auto [ao, bo] = operands(buf, a, a_scale_inv, b, b_scale_inv, transb, kOp);
         const TensorRef outr = tensor_ref_from_py(out, "output");
         const auto biasr = optional_tensor_ref_from_py(bias, "bias");
-        const gemm::GemmOperand ao =
-            operand(buf, ar, optional_tensor_ref_from_py(a_scale_inv, "input scale_inv"), false,
-                    kOp, "input shard");
-        const gemm::GemmOperand bo =
-            operand(buf, br, optional_tensor_ref_from_py(b_scale_inv, "weight scale_inv"), transb,
-                    kOp, "weight");
         const gemm::GemmOutput d = output(buf, outr, kOp);
         gemm::GemmOptions o;
         o.alpha = alpha;
@@ -151,15 +158,8 @@ void register_comm_ops(py::module_& m) {
          py::handle out_scale_inv, float alpha, bool fast_accum, int sm_count, int compute_lanes,
          int reduce_max_blocks, std::uintptr_t stream) {
         constexpr const char* kOp = "gemm_rs";
-        const TensorRef ar = tensor_ref_from_py(a, "input");
-        const TensorRef br = tensor_ref_from_py(b, "weight");
+        const auto [ao, bo] = operands(buf, a, a_scale_inv, b, b_scale_inv, transb, kOp);
         const TensorRef outr = tensor_ref_from_py(out, "output");
-        const gemm::GemmOperand ao =
-            operand(buf, ar, optional_tensor_ref_from_py(a_scale_inv, "input scale_inv"), false,
-                    kOp, "input");
-        const gemm::GemmOperand bo =
-            operand(buf, br, optional_tensor_ref_from_py(b_scale_inv, "weight scale_inv"), transb,
-                    kOp, "weight");
         gemm::GemmOutput d = output(buf, outr, kOp);
         d.scale =
             scalar(buf, optional_tensor_ref_from_py(out_scale, "out_scale"), kOp, "out_scale");

@@ -83,3 +83,48 @@ def op_device(comm: object) -> torch.device:
 
     device = comm.device  # type: ignore[attr-defined]
     return torch.device("cpu") if device < 0 else torch.device("cuda", device)
+
+
+def check_sizes(op: str, tp: int, max_tokens: int, features: tuple[str, int], lanes: int) -> None:
+    """Constructor arguments of an op object."""
+    name, value = features
+    if max_tokens < tp or value < 1:
+        raise InvalidArgumentError(
+            f"{op}: max_tokens ({max_tokens}) must be >= the TP size ({tp}) and {name} "
+            f"({value}) >= 1"
+        )
+    if not 1 <= lanes <= 4:
+        raise InvalidArgumentError(f"{op}: compute_lanes must be 1..4, got {lanes}")
+
+
+def prepare(
+    op: str, x: object, weight: object, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """(input data, its scale_inv, weight data, its scale_inv), checked as a pair."""
+    a, a_scale_inv = split_operand(op, "the input", x)
+    b, b_scale_inv = split_operand(op, "the weight", weight)
+    check_pair(op, a, b, device)
+    return a, a_scale_inv, b, b_scale_inv
+
+
+def gemm_kwargs(
+    a: torch.Tensor,
+    scale_invs: tuple[torch.Tensor | None, torch.Tensor | None],
+    *,
+    alpha: float,
+    fast_accum: bool | None,
+    sm_count: int,
+    compute_lanes: int,
+    device: torch.device,
+) -> dict[str, object]:
+    """The keyword arguments every native overlap op takes (a linear layer: weight [N, K])."""
+    return {
+        "transb": True,
+        "a_scale_inv": scale_invs[0],
+        "b_scale_inv": scale_invs[1],
+        "alpha": float(alpha),
+        "fast_accum": default_fast_accum(fast_accum, is_fp8(a.dtype)),
+        "sm_count": int(sm_count),
+        "compute_lanes": compute_lanes,
+        "stream": stream_of(device),
+    }

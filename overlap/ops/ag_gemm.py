@@ -21,12 +21,11 @@ from overlap._native import native
 from overlap.errors import InvalidArgumentError, StateError
 from overlap.ops._operands import (
     Operand,
-    check_pair,
-    default_fast_accum,
+    check_sizes,
+    gemm_kwargs,
     is_fp8,
     op_device,
-    split_operand,
-    stream_of,
+    prepare,
 )
 from overlap.quantization import DirectionFormat, QuantizedTensor
 
@@ -70,13 +69,7 @@ class AllGatherGemm:
         import torch
 
         tp = comm.group.size
-        if max_tokens < tp or in_features < 1:
-            raise InvalidArgumentError(
-                f"{_OP}: max_tokens ({max_tokens}) must be >= the TP size ({tp}) and "
-                f"in_features ({in_features}) >= 1"
-            )
-        if not 1 <= compute_lanes <= 4:
-            raise InvalidArgumentError(f"{_OP}: compute_lanes must be 1..4, got {compute_lanes}")
+        check_sizes(_OP, tp, max_tokens, ("in_features", in_features), compute_lanes)
         self.tp = tp
         self.max_tokens = int(max_tokens)
         self.in_features = int(in_features)
@@ -134,9 +127,7 @@ class AllGatherGemm:
         """
         import torch
 
-        a, a_scale_inv = split_operand(_OP, "x_shard", x_shard)
-        b, b_scale_inv = split_operand(_OP, "weight", weight)
-        check_pair(_OP, a, b, self.device)
+        a, a_scale_inv, b, b_scale_inv = prepare(_OP, x_shard, weight, self.device)
         m, k = a.shape
         if a.dtype != self.dtype or k != self.in_features or m * self.tp > self.max_tokens:
             raise InvalidArgumentError(
@@ -167,16 +158,17 @@ class AllGatherGemm:
             a,
             b,
             out,
-            transb=True,
-            a_scale_inv=a_scale_inv,
-            b_scale_inv=b_scale_inv,
             bias=bias,
             gelu=gelu,
-            alpha=float(alpha),
-            fast_accum=default_fast_accum(fast_accum, is_fp8(a.dtype)),
-            sm_count=int(sm_count),
-            compute_lanes=self.compute_lanes,
-            stream=stream_of(self.device),
+            **gemm_kwargs(
+                a,
+                (a_scale_inv, b_scale_inv),
+                alpha=alpha,
+                fast_accum=fast_accum,
+                sm_count=sm_count,
+                compute_lanes=self.compute_lanes,
+                device=self.device,
+            ),
         )
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
         hp_dtype = x_shard.dtype if isinstance(x_shard, QuantizedTensor) else a.dtype

@@ -21,12 +21,11 @@ from overlap.errors import InvalidArgumentError
 from overlap.ops._operands import (
     HIGH_PRECISION,
     Operand,
-    check_pair,
-    default_fast_accum,
+    check_sizes,
+    gemm_kwargs,
     is_fp8,
     op_device,
-    split_operand,
-    stream_of,
+    prepare,
 )
 
 if TYPE_CHECKING:
@@ -78,17 +77,11 @@ class GemmReduceScatter:
         import torch
 
         tp = comm.group.size
-        if max_tokens < tp or out_features < 1:
-            raise InvalidArgumentError(
-                f"{_OP}: max_tokens ({max_tokens}) must be >= the TP size ({tp}) and "
-                f"out_features ({out_features}) >= 1"
-            )
+        check_sizes(_OP, tp, max_tokens, ("out_features", out_features), compute_lanes)
         if str(out_dtype) not in HIGH_PRECISION and not is_fp8(out_dtype):
             raise InvalidArgumentError(
                 f"{_OP}: out_dtype must be bfloat16, float16, float32 or FP8, got {out_dtype}"
             )
-        if not 1 <= compute_lanes <= 4:
-            raise InvalidArgumentError(f"{_OP}: compute_lanes must be 1..4, got {compute_lanes}")
         self.tp = tp
         self.max_tokens = int(max_tokens)
         self.out_features = int(out_features)
@@ -140,9 +133,7 @@ class GemmReduceScatter:
         """
         import torch
 
-        a, a_scale_inv = split_operand(_OP, "x", x)
-        b, b_scale_inv = split_operand(_OP, "weight", weight)
-        check_pair(_OP, a, b, self.device)
+        a, a_scale_inv, b, b_scale_inv = prepare(_OP, x, weight, self.device)
         rows, k = a.shape
         if rows % self.tp or rows > self.max_tokens or rows == 0:
             raise InvalidArgumentError(
@@ -168,18 +159,19 @@ class GemmReduceScatter:
             a,
             b,
             out,
-            transb=True,
-            a_scale_inv=a_scale_inv,
-            b_scale_inv=b_scale_inv,
             out_scale=out_scale,
             out_amax=out_amax,
             out_scale_inv=out_scale_inv,
-            alpha=float(alpha),
-            fast_accum=default_fast_accum(fast_accum, is_fp8(a.dtype)),
-            sm_count=int(sm_count),
-            compute_lanes=self.compute_lanes,
             reduce_max_blocks=self.reduce_max_blocks,
-            stream=stream_of(self.device),
+            **gemm_kwargs(
+                a,
+                (a_scale_inv, b_scale_inv),
+                alpha=alpha,
+                fast_accum=fast_accum,
+                sm_count=sm_count,
+                compute_lanes=self.compute_lanes,
+                device=self.device,
+            ),
         )
         return out
 

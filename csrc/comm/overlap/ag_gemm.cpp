@@ -70,10 +70,7 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm:
   const int n = buf.size();
   Transport& t = buf.transport();
   // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
-  buf.check_ready(kOp);
-  detail::check_config(config, kOp);
-  detail::check_scaling(a_shard, kOp, "the input shard");
-  detail::check_scaling(b, kOp, "the weight");
+  detail::check_op(buf, config, a_shard, b, kOp);
   OVERLAP_CHECK_ARG(!a_shard.transposed && a_shard.rows >= 1 && a_shard.ld == a_shard.cols,
                     kOp << ": the input shard must be a contiguous [m, k] matrix with m >= 1 (got "
                         << a_shard.rows << " x " << a_shard.cols << ", ld " << a_shard.ld

@@ -75,10 +75,7 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
   const int n = buf.size();
   Transport& t = buf.transport();
   // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
-  buf.check_ready(kOp);
-  detail::check_config(config, kOp);
-  detail::check_scaling(a, kOp, "the input");
-  detail::check_scaling(b, kOp, "the weight");
+  detail::check_op(buf, config, a, b, kOp);
   OVERLAP_CHECK_ARG(!a.transposed, kOp << ": the input must not be transposed (its rows are "
                                           "split among the ranks)");
   OVERLAP_CHECK_ARG(a.rows >= n && a.rows % n == 0,

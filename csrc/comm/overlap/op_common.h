@@ -28,6 +28,16 @@ inline void check_scaling(const gemm::GemmOperand& x, const char* op, const char
                    << " scaling; the overlap ops take bf16/fp16/fp32 or per-tensor FP8 operands");
 }
 
+// What every overlap op checks first: the buffer is ready, the config valid, the operands
+// per-tensor FP8 or unscaled.
+inline void check_op(const SymmetricBuffer& buf, const OverlapConfig& c, const gemm::GemmOperand& a,
+                     const gemm::GemmOperand& b, const char* op) {
+  buf.check_ready(op);
+  check_config(c, op);
+  check_scaling(a, op, "the input");
+  check_scaling(b, op, "the weight");
+}
+
 // The buffer is large enough for `needed` bytes of the op's layout.
 inline void check_fits(const SymmetricBuffer& buf, std::size_t needed, const char* op) {
   OVERLAP_CHECK_ARG(needed <= buf.bytes(), op << ": the op needs " << needed
