@@ -16,15 +16,20 @@ Quick default: DESIGN.md §6 shapes at M = 8192, TP = world size: fc1 and qkv (A
 and proj (GEMM+RS), bf16 and fp8. ``--full`` adds M = 16384. Without ``--cuda``: the host
 transport with tiny shapes (a CPU smoke run of the same code).
 
-    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
-        mpirun -np 4 python -m benchmarks.overlap_ops --cuda --out bench_results
-    mpirun -np 4 python -m benchmarks.overlap_ops --out bench_results     # host transport
+    python -m benchmarks.overlap_ops --launch 4 --cuda --out bench_results    # 4 GPUs
+    python -m benchmarks.overlap_ops --launch 4 --out bench_results           # host transport
+
+``--launch N`` starts N ranks under mpirun (overlap.launch.mpirun_command: the no-multicast
+variables of DESIGN.md §7 included); without it, the script is the per-rank worker.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +42,7 @@ from benchmarks.common import format_table, max_over_ranks, time_op, write_json
 from overlap.comm import Communicator, TorchBootstrap, TransportKind
 from overlap.gemm import gemm
 from overlap.info import summary
-from overlap.launch import init_torch_distributed
+from overlap.launch import init_torch_distributed, mpirun_command
 from overlap.ops import (
     AllGatherGemm,
     GemmReduceScatter,
@@ -206,7 +211,17 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="also M = 16384")
     parser.add_argument("--iters", type=int, default=None, help="default: 20 (cuda), 3 (host)")
     parser.add_argument("--dtypes", default="bf16,fp8")
+    parser.add_argument("--launch", type=int, default=0, help="start N ranks under mpirun")
     args = parser.parse_args()
+    if args.launch:
+        argv = [a for i, a in enumerate(sys.argv[1:]) if not _is_launch_arg(sys.argv[1:], i)]
+        cmd = mpirun_command(
+            args.launch,
+            [sys.executable, "-u", "-m", "benchmarks.overlap_ops", *argv],
+            env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+            tag_output=False,
+        )
+        sys.exit(subprocess.call(cmd, env=os.environ.copy()))
     args.iters = args.iters or (20 if args.cuda else 3)
     launch = init_torch_distributed("nccl" if args.cuda else "gloo")
     t0 = time.time()
@@ -267,6 +282,11 @@ def main() -> None:
         )
     )
     print(f"\nJSON: {args.out / 'overlap_ops.json'} ({result['seconds']:.0f} s)")
+
+
+def _is_launch_arg(argv: list[str], i: int) -> bool:
+    """``--launch N`` / ``--launch=N`` (the launcher's own option, not the workers')."""
+    return argv[i].startswith("--launch") or (i > 0 and argv[i - 1] == "--launch")
 
 
 if __name__ == "__main__":
