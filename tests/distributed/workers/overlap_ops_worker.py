@@ -12,6 +12,7 @@ and scales bit for bit. Outputs are poisoned before every call.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 import time
@@ -176,14 +177,24 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     ys = [rand(n * m, k, gen) for _ in range(6)]
     w = rand(nout, k, gen, 0.1)
     got_ag, got_gathered, got_rs = [], [], []
+    side = torch.cuda.Stream(DEVICE) if DEVICE.type == "cuda" else None
     for i in range(6):
-        if tp.rank == slow:
-            delay(0.04 * (i % 3))
-        got_ag.append(ag(xs[i], w).clone())
-        got_gathered.append(ag.gathered_input().clone())
-        if tp.rank == slow:
-            delay(0.03)
-        got_rs.append(rs(ys[i], w).clone())
+        # Odd iterations on a side stream (cuda): the ops follow the caller's current stream.
+        with torch.cuda.stream(side) if side is not None and i % 2 else contextlib.nullcontext():
+            if tp.rank == slow:
+                delay(0.04 * (i % 3))
+            x = xs[i].clone()
+            got_ag.append(ag(x, w).clone())
+            # Stream order: the op has read its input by now (its copy lanes joined back).
+            x.fill_(POISON)
+            got_gathered.append(ag.gathered_input().clone())
+            if tp.rank == slow:
+                delay(0.03)
+            y = ys[i].clone()
+            got_rs.append(rs(y, w).clone())
+            y.fill_(POISON)
+    if side is not None:
+        torch.cuda.current_stream(DEVICE).wait_stream(side)
     for i in range(6):
         want, gathered = all_gather_gemm_reference(xs[i], w, group=tp.group)
         close(got_ag[i], want, f"ag_gemm {i} (delayed rank)")
