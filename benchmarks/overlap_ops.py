@@ -7,7 +7,8 @@ warm-up, CUDA events on GPUs / wall clock on the host transport, max over ranks)
 * ``T_comm``: the library collective alone (NCCL on GPUs, gloo on the host);
 * ``T_seq``: the collective, then the GEMM (:mod:`overlap.ops.reference`);
 * ``T_ours``: :class:`~overlap.ops.AllGatherGemm` / :class:`~overlap.ops.GemmReduceScatter`,
-  the best over compute lanes (1, 2) and copies per peer (put_split 1, 2), all in the JSON;
+  the best over compute lanes (1, 2), copies per peer (put_split 1, 2) and, for AG+GEMM,
+  pushes at once or staggered; every variant is in the JSON;
 * torch's async-TP (``torch.ops.symm_mem.fused_*``), or "n/a" where it fails;
 * ``T_ours / floor`` with ``floor = max(T_gemm, T_comm)`` and the overlap efficiency
   ``1 - (T_ours - T_gemm) / (T_seq - T_gemm)``.
@@ -146,8 +147,11 @@ def bench_row(row: dict, fp8: bool, comm: Communicator, cuda: bool, iters: int) 
         for lanes in (1, 2):
             op = AllGatherGemm(comm, m_all, k, data_of(shard)[0].dtype, compute_lanes=lanes)
             for split in (1, 2) if cuda else (1,):
-                op.buffer.put_split = split
-                variants[f"lanes{lanes}-split{split}"] = timer(lambda op=op: op(shard, w, out=y))
+                for staggered in (False, True):
+                    op.buffer.put_split = split
+                    op.staggered_puts = staggered
+                    name = f"lanes{lanes}-split{split}" + ("-staggered" if staggered else "")
+                    variants[name] = timer(lambda op=op: op(shard, w, out=y))
             op.destroy()
     else:
         x = operand(randn(m_all, k), fp8)

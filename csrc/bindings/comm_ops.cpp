@@ -93,10 +93,11 @@ float* scalar(const SymmetricBuffer& buf, const std::optional<TensorRef>& t, con
   return static_cast<float*>(t->data);
 }
 
-comm::OverlapConfig config(int compute_lanes, int reduce_max_blocks) {
+comm::OverlapConfig config(int compute_lanes, int reduce_max_blocks, bool staggered_puts) {
   comm::OverlapConfig c;
   c.compute_lanes = compute_lanes;
   c.reduce_max_blocks = reduce_max_blocks;
+  c.staggered_puts = staggered_puts;
   return c;
 }
 
@@ -124,7 +125,8 @@ void register_comm_ops(py::module_& m) {
       "ag_gemm",
       [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,
          py::handle a_scale_inv, py::handle b_scale_inv, py::handle bias, bool gelu, float alpha,
-         bool fast_accum, int sm_count, int compute_lanes, std::uintptr_t stream) {
+         bool fast_accum, int sm_count, int compute_lanes, bool staggered_puts,
+         std::uintptr_t stream) {
         constexpr const char* kOp = "ag_gemm";
         const auto [ao, bo] = operands(buf, a, a_scale_inv, b, b_scale_inv, transb, kOp);
         const TensorRef outr = tensor_ref_from_py(out, "output");
@@ -144,13 +146,15 @@ void register_comm_ops(py::module_& m) {
           o.bias_dtype = biasr->dtype;
         }
         py::gil_scoped_release release;
-        comm::ag_gemm(buf, ao, bo, d, o, config(compute_lanes, 0), stream_from_py(stream));
+        comm::ag_gemm(buf, ao, bo, d, o, config(compute_lanes, 0, staggered_puts),
+                      stream_from_py(stream));
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
       py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv") = py::none(),
       py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("alpha") = 1.0f,
       py::arg("fast_accum") = false, py::arg("sm_count") = 0, py::arg("compute_lanes") = 1,
-      py::arg("stream") = 0, "out = AllGather(a) @ op(b); see csrc/comm/overlap/overlap_ops.h.");
+      py::arg("staggered_puts") = false, py::arg("stream") = 0,
+      "out = AllGather(a) @ op(b); see csrc/comm/overlap/overlap_ops.h.");
   c.def(
       "gemm_rs",
       [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,
@@ -171,7 +175,7 @@ void register_comm_ops(py::module_& m) {
         o.fast_accum = fast_accum;
         o.sm_count = sm_count;
         py::gil_scoped_release release;
-        comm::gemm_rs(buf, ao, bo, d, scale_inv, o, config(compute_lanes, reduce_max_blocks),
+        comm::gemm_rs(buf, ao, bo, d, scale_inv, o, config(compute_lanes, reduce_max_blocks, false),
                       stream_from_py(stream));
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),

@@ -50,6 +50,8 @@ class AllGatherGemm:
             per-tensor FP8 shards (given as :class:`~overlap.quantization.QuantizedTensor`).
         compute_lanes: streams the chunk GEMMs alternate over (1-4); with 2, a chunk's GEMM
             starts as soon as it has landed, even while the previous chunk's GEMM runs.
+        staggered_puts: push the shard to one peer after the other instead of to all at once
+            (the first peer chunk lands sooner; NOTE [ag_gemm schedule]). Same result.
         name: the buffer's name (error messages).
 
     Construction is COLLECTIVE over the group (it creates the op's symmetric buffer). The
@@ -64,6 +66,7 @@ class AllGatherGemm:
         dtype: torch.dtype,
         *,
         compute_lanes: int = 2,
+        staggered_puts: bool = False,
         name: str = "ag_gemm",
     ) -> None:
         import torch
@@ -75,6 +78,7 @@ class AllGatherGemm:
         self.in_features = int(in_features)
         self.dtype = dtype
         self.compute_lanes = int(compute_lanes)
+        self.staggered_puts = bool(staggered_puts)
         self.device = op_device(comm)
         itemsize = torch.empty((), dtype=dtype).element_size()
         shard_bytes = -(-self.max_tokens // tp) * self.in_features * itemsize
@@ -160,6 +164,7 @@ class AllGatherGemm:
             out,
             bias=bias,
             gelu=gelu,
+            staggered_puts=self.staggered_puts,
             **gemm_kwargs(
                 a,
                 (a_scale_inv, b_scale_inv),

@@ -58,8 +58,11 @@ gemm::GemmOutput chunk_output(const gemm::GemmOutput& d, std::int64_t m, int j) 
 //
 // Chunk j's GEMM writes rows [j m, (j + 1) m) of Y straight into the output (row_offset). The
 // puts use no SMs (copy engines) and every peer pair its own NVLink links, so all shards land
-// at about the time one takes; the local chunk's GEMM covers that time. Compute lanes take
-// chunks in turn (step s on lane s % C), each lane waiting only for its own chunk's flag, so a
+// at about the time one takes; the local chunk's GEMM covers that time. With staggered_puts,
+// put lane i starts after put lane i-1 has signalled: every rank then sends to one peer and
+// receives from one at a time (rank r gets r-1's shard first, the order its GEMMs take), so
+// the first peer chunk lands early and later ones while earlier ones are multiplied. Compute lanes
+// take chunks in turn (step s on lane s % C), each lane waiting only for its own chunk's flag, so a
 // late peer delays its chunk's GEMM, not the others'. A peer writes into our slots only after
 // we acknowledged this op, i.e. after our previous op's GEMMs (joined into c0 before begin_op)
 // finished reading them (NOTE [buffer reuse]).
@@ -110,6 +113,9 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm:
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
     const int first = lanes_c + (i - 1) * split;
+    if (config.staggered_puts && i > 1) {
+      for (int s = 0; s < split; ++s) t.lane_wait(stream, first + s, first - split);
+    }
     const std::size_t slice = (l.shard_bytes + split - 1) / split;
     for (int s = 0; s < split; ++s) {
       const std::size_t begin = std::min(l.shard_bytes, s * slice);

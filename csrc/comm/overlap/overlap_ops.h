@@ -27,6 +27,10 @@ struct OverlapConfig {
   int compute_lanes = 1;
   // gemm_rs: bound on the reduction kernel's grid (<= 0: fill the GPU).
   int reduce_max_blocks = 0;
+  // ag_gemm: push the shard to one peer after the other (r+1 first) instead of to all at
+  // once. Each push then has the copy engines to itself, so the first peer chunk lands after
+  // about 1/(size-1) of the all-gather time, not at its end (NOTE [ag_gemm schedule]).
+  bool staggered_puts = false;
 };
 constexpr int kMaxComputeLanes = 4;
 

@@ -107,6 +107,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             lanes = 1 + trial % 2
             ag = AllGatherGemm(comm, n * m + 3 * trial, k, dtype, compute_lanes=lanes)
             ag.buffer.put_split = 1 + (trial + use_fp8) % 3  # copies per peer: same result
+            ag.staggered_puts = trial % 2 == 0  # push order: same result
             x = rand(m, k, gen)
             w = rand(nout, k, gen, 0.1)
             xs = fp8(x, 8.0 * (1 + tp.rank)) if use_fp8 else x
