@@ -50,11 +50,14 @@ gemm::GemmOutput chunk_output(const gemm::GemmOutput& d, std::int64_t m, int j) 
 // mode), multiplied as it lands. Timeline of rank r (n ranks, C compute lanes, S = put_split;
 // c0 = the caller's stream):
 //
-//   c0      | begin_op | fork | GEMM chunk r (own shard) | wait kData(r-C) | GEMM chunk r-C |.. |
-//   join c1      |          |      | wait kData(r-1) | GEMM chunk r-1 | wait kData(r-1-C) | ... |
-//   put 1   |          |      | put shard+scale -> slot r of rank r+1, signal kData             |
-//   ...     |          |      | ...  (S lanes per peer, joined before the peer's signal)        |
-//   put n-1 |          |      | put shard+scale -> slot r of rank r-1, signal kData; own slot r |
+// clang-format off
+//   c0      | begin_op | fork | GEMM chunk r (own shard) | wait kData(r-C), GEMM r-C | ... | join
+//   c1      |          |      | wait kData(r-1), GEMM chunk r-1 | wait kData(r-1-C), GEMM ... |
+//   put 1   |          |      | put shard + scale_inv -> slot r of rank r+1, signal kData    |
+//   ...     |          |      | ... (S lanes per peer, joined before the peer's signal)      |
+//   put n-1 |          |      | put shard + scale_inv -> slot r of rank r-1, signal kData;   |
+//           |          |      |   then our own shard -> our slot r                           |
+// clang-format on
 //
 // Chunk j's GEMM writes rows [j m, (j + 1) m) of Y straight into the output (row_offset). The
 // puts use no SMs (copy engines) and every peer pair its own NVLink links, so all shards land

@@ -56,11 +56,13 @@ gemm::GemmOutput send_slot(const SymmetricBuffer& buf, const GemmRsLayout& l, DT
 // chunk is computed. Only the last chunk (our own, which travels nowhere) and the local
 // reduction are not overlapped. Timeline of rank r (n ranks, c0 = the caller's stream):
 //
-//   c0     | begin_op | fork | GEMM r+1 -> send slot r+1, signal r+1 | GEMM r+2 ... | GEMM r | join
-//   | reduce pull 1 |          |      | wait kData(r-1) | pull r-1's send slot r -> recv slot r-1
-//   |      |
-//   ...    |          |      |          wait kData(r-2) | pull ...                           | |
-//   pull n-1|         |      |                    wait kData(r+1) | pull ...                | |
+// clang-format off
+//   c0      | begin_op | fork | GEMM r+1, signal | GEMM r+2, signal | ... | GEMM r | join | reduce
+//   pull 1  |          |      | wait kData(r-1), pull its send slot r -> recv slot r-1  |      |
+//   pull 2  |          |      |        wait kData(r-2), pull its send slot r ...        |      |
+//   ...     |          |      |                  ...                                    |      |
+//   pull n-1|          |      |                  wait kData(r+1), pull ...              |      |
+// clang-format on
 //
 // The reduction sums, in rank order with fp32 accumulation, our send slot r and the receive
 // slots of every peer, all local memory, into the output (FP8 with scale and amax optional),
