@@ -7,5 +7,6 @@ PYBIND11_MODULE(_C, m) {
   overlap::bindings::register_common(m);
   overlap::bindings::register_kernels(m);
   overlap::bindings::register_comm(m);
+  overlap::bindings::register_comm_ops(m);
   overlap::bindings::register_gemm(m);
 }

@@ -35,8 +35,14 @@ enum class FlagSlot : int {
   kOpOdd = 3,   // ... and of its latest odd-epoch op; both host-written
 };
 
-// What an op record names (NOTE [op records] in collectives.cpp).
-enum class OpCode : int { kAllGather = 1, kReduceScatter = 2, kBarrier = 3 };
+// What an op record names (NOTE [op records] in op_protocol.cpp).
+enum class OpCode : int {
+  kAllGather = 1,
+  kReduceScatter = 2,
+  kBarrier = 3,
+  kAllGatherGemm = 4,      // comm/overlap/ag_gemm.cpp
+  kGemmReduceScatter = 5,  // comm/overlap/gemm_rs.cpp
+};
 
 class SymmetricBuffer {
  public:

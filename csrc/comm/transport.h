@@ -23,6 +23,7 @@
 
 #include "common/dtype.h"
 #include "common/stream.h"
+#include "gemm/gemm.h"
 
 namespace overlap::comm {
 
@@ -37,6 +38,16 @@ struct WaitContext {
   int step = 0;
   std::uint64_t epoch = 0;
   double timeout_s = 60.0;
+};
+
+// How reduce() stores its sum (NOTE [reduction order] in kernels/reduce.h). Pointers are in
+// the transport's memory (host memory for host, device memory on cuda).
+struct ReduceOutput {
+  DType format = DType::kFloat32;  // the inputs' dtype, or an FP8 format
+  const float* scale = nullptr;    // FP8 only (required): out = fp8(sum * scale)
+  float* scale_inv = nullptr;      // FP8 only (optional): receives 1 / scale
+  float* amax = nullptr;           // optional: receives max |sum| of the unscaled sum
+  int max_blocks = 0;              // cuda: bound on the grid (<= 0: fill the GPU)
 };
 
 // Bytes of the flag part of every region: 64 ranks x 4 slots x uint64, one 4 KiB page.
@@ -98,10 +109,16 @@ class Transport {
   // on cuda at the next call that checks (see raise_if_failed), with the lane released.
   virtual void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
                     cudaStream_t stream, int lane) = 0;
-  // out[i] = sum_k in[k][i] with fp32 accumulation in input order; in/out of `dtype` (bf16,
-  // fp16 or fp32); on `stream` (lane 0).
+  // out[i] = sum_k in[k][i] with fp32 accumulation in input order; inputs of `dtype` (bf16,
+  // fp16 or fp32), out stored as `o` says; on `stream` (lane 0).
   virtual void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count,
-                      DType dtype, cudaStream_t stream) = 0;
+                      DType dtype, const ReduceOutput& o, cudaStream_t stream) = 0;
+  // The library's GEMM (gemm/gemm.h) on `lane`: the host reference on host, cuBLASLt on the
+  // transport's device on cuda. Operands live in the transport's memory. Validate the call
+  // with gemm::validate_gemm(..., gemm::gemm_target(device())) before an op begins.
+  virtual void gemm(const gemm::GemmOperand& a, const gemm::GemmOperand& b,
+                    const gemm::GemmOutput& d, const gemm::GemmOptions& options,
+                    cudaStream_t stream, int lane) = 0;
   // Make the host wait for everything issued on `stream`, then raise_if_failed().
   virtual void synchronize(cudaStream_t stream) = 0;
   // Raises the first asynchronous failure (a cuda wait that timed out) this transport has

@@ -119,6 +119,10 @@ struct GemmTarget {
 GemmShape validate_gemm(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
                         const GemmOptions& options, const GemmTarget& target);
 
+// The target of GEMMs on `device` (-1: the host reference); what validate_gemm needs to check
+// a call before anything runs (e.g. before a communication op begins).
+GemmTarget gemm_target(int device);
+
 // The host reference: all pointers are host memory. Accumulates in float64 after
 // dequantizing every operand element exactly (NOTE [gemm output]).
 void gemm_host(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,

@@ -131,6 +131,11 @@ void gemm(const GemmTensors& t, const GemmTensorOptions& o, cudaStream_t stream)
 namespace overlap::gemm {
 
 // Without CUDA there are no per-device resources: nothing cached, nothing to release.
+GemmTarget gemm_target(int device) {
+  OVERLAP_CHECK(device < 0, kUnsupported,
+                "gemm on cuda:" << device << ": this build of overlap has no CUDA support");
+  return GemmTarget{};
+}
 GemmCacheStats gemm_cache_stats(int /*device*/) {
   return {};
 }

@@ -186,10 +186,18 @@ class CudaTransport final : public Transport {
   }
 
   void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,
-              cudaStream_t stream) override {
+              const ReduceOutput& o, cudaStream_t stream) override {
     DeviceGuard guard(device_);
     kernels::reduce_pointers_cuda(inputs, dtype, static_cast<std::size_t>(num_inputs), count, out,
-                                  dtype, nullptr, nullptr, nullptr, /*max_blocks=*/0, stream);
+                                  o.format, o.scale, o.scale_inv, o.amax, o.max_blocks, stream);
+  }
+
+  // NOTE [gemm on a lane]: a lane is a stream like any other; GEMMs on two lanes run
+  // concurrently, each with its own workspace (NOTE [gemm workspace] in gemm_context.h).
+  void gemm(const gemm::GemmOperand& a, const gemm::GemmOperand& b, const gemm::GemmOutput& d,
+            const gemm::GemmOptions& options, cudaStream_t stream, int lane) override {
+    DeviceGuard guard(device_);
+    gemm::gemm_cuda(a, b, d, options, device_, lanes_.stream(stream, lane));
   }
 
   void synchronize(cudaStream_t stream) override {

@@ -108,15 +108,28 @@ class HostTransport final : public Transport {
   }
 
   void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,
-              cudaStream_t) override {
+              const ReduceOutput& o, cudaStream_t) override {
     OVERLAP_CHECK_ARG(num_inputs > 0, "reduce needs at least one input");
     OVERLAP_CHECK_ARG(
         dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
         "reduce: dtype " << dtype_name(dtype)
                          << " is not supported; use float32, bfloat16 or float16");
     // The kernels' host reference: the same fixed-order fp32 sum the CUDA kernel must match.
-    kernels::reduce_pointers_host(inputs, dtype, static_cast<std::size_t>(num_inputs), count, out,
-                                  dtype, 1.0f);
+    const bool fp8 = dtype_is_fp8(o.format);
+    OVERLAP_CHECK_ARG(o.format == dtype || fp8, "reduce: output format "
+                                                    << dtype_name(o.format)
+                                                    << " must be the inputs' dtype or FP8");
+    OVERLAP_CHECK_ARG(!fp8 || o.scale != nullptr, "reduce: an FP8 output needs a scale");
+    const float scale = fp8 ? *o.scale : 1.0f;
+    const float amax = kernels::reduce_pointers_host(
+        inputs, dtype, static_cast<std::size_t>(num_inputs), count, out, o.format, scale);
+    if (fp8 && o.scale_inv != nullptr) *o.scale_inv = 1.0f / scale;
+    if (o.amax != nullptr) *o.amax = amax;
+  }
+
+  void gemm(const gemm::GemmOperand& a, const gemm::GemmOperand& b, const gemm::GemmOutput& d,
+            const gemm::GemmOptions& options, cudaStream_t, int) override {
+    gemm::gemm_host(a, b, d, options);
   }
 
   void synchronize(cudaStream_t) override {}

@@ -127,6 +127,11 @@ Registry& registry() {
 
 }  // namespace
 
+GemmTarget gemm_target(int device) {
+  if (device < 0) return GemmTarget{};
+  return gemm_context(device)->target();
+}
+
 std::shared_ptr<GemmContext> gemm_context(int device) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -1,0 +1,190 @@
+// overlap._C.comm_ops: the comm-GEMM overlap ops (use overlap.ops instead). Tensors become
+// GEMM operands here; the core validates everything before communicating.
+#include <pybind11/pybind11.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "bindings/registry.h"
+#include "bindings/tensor_arg.h"
+#include "comm/overlap/overlap_ops.h"
+#include "comm/symmetric_buffer.h"
+#include "common/errors.h"
+#include "kernels/kernel_args.h"
+
+namespace py = pybind11;
+
+namespace overlap::bindings {
+
+namespace {
+
+using comm::SymmetricBuffer;
+
+// `t` lives where the buffer's transport works (any strides).
+void check_device(const SymmetricBuffer& buf, const TensorRef& t, const char* op,
+                  const char* what) {
+  const int device = buf.transport().device();
+  OVERLAP_CHECK_ARG(t.device == device,
+                    op << ": " << what << " is " << t.describe() << ", but the buffer uses the "
+                       << comm::transport_name(buf.transport().kind()) << " transport on "
+                       << (device < 0 ? std::string("the cpu") : "cuda:" + std::to_string(device)));
+}
+
+// A 2-D tensor with unit column stride (and its float32[1] scale_inv when FP8) as an operand.
+gemm::GemmOperand operand(const SymmetricBuffer& buf, const TensorRef& t,
+                          const std::optional<TensorRef>& scale_inv, bool transposed,
+                          const char* op, const char* what) {
+  OVERLAP_CHECK_ARG(
+      t.shape.size() == 2 && (t.shape[1] == 1 || t.strides[1] == 1),
+      op << ": " << what << " must be a 2-D tensor with unit column stride, got " << t.describe());
+  check_device(buf, t, op, what);
+  gemm::GemmOperand x;
+  x.data = t.data;
+  x.dtype = t.dtype;
+  x.rows = t.shape[0];
+  x.cols = t.shape[1];
+  x.ld = t.shape[0] == 1 ? t.shape[1] : t.strides[0];
+  x.transposed = transposed;
+  if (dtype_is_fp8(t.dtype)) {
+    OVERLAP_CHECK_ARG(scale_inv.has_value(), op << ": the FP8 " << what << " needs its scale_inv");
+    kernels::check_float32_elements(*scale_inv, 1, op, "scale_inv");
+    buf.check_tensor(*scale_inv, "scale_inv");
+    x.scaling = gemm::ScalingMode::kTensor;
+    x.scale_inv = static_cast<const float*>(scale_inv->data);
+  } else {
+    OVERLAP_CHECK_ARG(!scale_inv.has_value(), op << ": " << what << " is not FP8: no scale_inv");
+  }
+  return x;
+}
+
+// The input and the weight of an op (transb: the weight is stored [n, k]).
+std::pair<gemm::GemmOperand, gemm::GemmOperand> operands(const SymmetricBuffer& buf, py::handle a,
+                                                         py::handle a_scale_inv, py::handle b,
+                                                         py::handle b_scale_inv, bool transb,
+                                                         const char* op) {
+  const TensorRef ar = tensor_ref_from_py(a, "input");
+  const TensorRef br = tensor_ref_from_py(b, "weight");
+  return {operand(buf, ar, optional_tensor_ref_from_py(a_scale_inv, "input scale_inv"), false, op,
+                  "input"),
+          operand(buf, br, optional_tensor_ref_from_py(b_scale_inv, "weight scale_inv"), transb, op,
+                  "weight")};
+}
+
+// A contiguous 2-D output.
+gemm::GemmOutput output(const SymmetricBuffer& buf, const TensorRef& t, const char* op) {
+  OVERLAP_CHECK_ARG(t.shape.size() == 2,
+                    op << ": the output must be a 2-D tensor, got " << t.describe());
+  buf.check_tensor(t, "the output");
+  gemm::GemmOutput d;
+  d.data = t.data;
+  d.dtype = t.dtype;
+  d.rows = t.shape[0];
+  d.cols = t.shape[1];
+  d.ld = t.shape[1];
+  return d;
+}
+
+float* scalar(const SymmetricBuffer& buf, const std::optional<TensorRef>& t, const char* op,
+              const char* what) {
+  if (!t) return nullptr;
+  kernels::check_float32_elements(*t, 1, op, what);
+  buf.check_tensor(*t, what);
+  return static_cast<float*>(t->data);
+}
+
+comm::OverlapConfig config(int compute_lanes, int reduce_max_blocks, bool staggered_puts) {
+  comm::OverlapConfig c;
+  c.compute_lanes = compute_lanes;
+  c.reduce_max_blocks = reduce_max_blocks;
+  c.staggered_puts = staggered_puts;
+  return c;
+}
+
+}  // namespace
+
+void register_comm_ops(py::module_& m) {
+  py::module_ c = m.def_submodule("comm_ops", "Comm-GEMM overlap ops (use overlap.ops).");
+  c.def(
+      "ag_gemm_layout",
+      [](int size, std::size_t shard_bytes, bool scaled) {
+        const comm::AgGemmLayout l = comm::ag_gemm_layout(size, shard_bytes, scaled);
+        return py::make_tuple(l.scale_offset, l.bytes);
+      },
+      py::arg("size"), py::arg("shard_bytes"), py::arg("scaled"),
+      "(scale_offset, bytes) of NOTE [ag_gemm layout].");
+  c.def(
+      "gemm_rs_layout",
+      [](int size, std::size_t partial_bytes) {
+        const comm::GemmRsLayout l = comm::gemm_rs_layout(size, partial_bytes);
+        return py::make_tuple(l.slot_bytes, l.recv_offset, l.bytes);
+      },
+      py::arg("size"), py::arg("partial_bytes"),
+      "(slot_bytes, recv_offset, bytes) of NOTE [gemm_rs layout].");
+  c.def(
+      "ag_gemm",
+      [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,
+         py::handle a_scale_inv, py::handle b_scale_inv, py::handle bias, bool gelu, float alpha,
+         bool fast_accum, int sm_count, int compute_lanes, bool staggered_puts,
+         std::uintptr_t stream) {
+        constexpr const char* kOp = "ag_gemm";
+        const auto [ao, bo] = operands(buf, a, a_scale_inv, b, b_scale_inv, transb, kOp);
+        const TensorRef outr = tensor_ref_from_py(out, "output");
+        const auto biasr = optional_tensor_ref_from_py(bias, "bias");
+        const gemm::GemmOutput d = output(buf, outr, kOp);
+        gemm::GemmOptions o;
+        o.alpha = alpha;
+        o.gelu = gelu;
+        o.fast_accum = fast_accum;
+        o.sm_count = sm_count;
+        if (biasr) {
+          OVERLAP_CHECK_ARG(biasr->is_contiguous() && biasr->numel() == d.cols,
+                            kOp << ": bias must be contiguous with " << d.cols << " elements, got "
+                                << biasr->describe());
+          buf.check_tensor(*biasr, "bias");
+          o.bias = biasr->data;
+          o.bias_dtype = biasr->dtype;
+        }
+        py::gil_scoped_release release;
+        comm::ag_gemm(buf, ao, bo, d, o, config(compute_lanes, 0, staggered_puts),
+                      stream_from_py(stream));
+      },
+      py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
+      py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv") = py::none(),
+      py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("alpha") = 1.0f,
+      py::arg("fast_accum") = false, py::arg("sm_count") = 0, py::arg("compute_lanes") = 1,
+      py::arg("staggered_puts") = false, py::arg("stream") = 0,
+      "out = AllGather(a) @ op(b); see csrc/comm/overlap/overlap_ops.h.");
+  c.def(
+      "gemm_rs",
+      [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,
+         py::handle a_scale_inv, py::handle b_scale_inv, py::handle out_scale, py::handle out_amax,
+         py::handle out_scale_inv, float alpha, bool fast_accum, int sm_count, int compute_lanes,
+         int reduce_max_blocks, std::uintptr_t stream) {
+        constexpr const char* kOp = "gemm_rs";
+        const auto [ao, bo] = operands(buf, a, a_scale_inv, b, b_scale_inv, transb, kOp);
+        const TensorRef outr = tensor_ref_from_py(out, "output");
+        gemm::GemmOutput d = output(buf, outr, kOp);
+        d.scale =
+            scalar(buf, optional_tensor_ref_from_py(out_scale, "out_scale"), kOp, "out_scale");
+        d.amax = scalar(buf, optional_tensor_ref_from_py(out_amax, "out_amax"), kOp, "out_amax");
+        float* const scale_inv = scalar(
+            buf, optional_tensor_ref_from_py(out_scale_inv, "out_scale_inv"), kOp, "out_scale_inv");
+        gemm::GemmOptions o;
+        o.alpha = alpha;
+        o.fast_accum = fast_accum;
+        o.sm_count = sm_count;
+        py::gil_scoped_release release;
+        comm::gemm_rs(buf, ao, bo, d, scale_inv, o, config(compute_lanes, reduce_max_blocks, false),
+                      stream_from_py(stream));
+      },
+      py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
+      py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv") = py::none(),
+      py::arg("out_scale") = py::none(), py::arg("out_amax") = py::none(),
+      py::arg("out_scale_inv") = py::none(), py::arg("alpha") = 1.0f, py::arg("fast_accum") = false,
+      py::arg("sm_count") = 0, py::arg("compute_lanes") = 1, py::arg("reduce_max_blocks") = 0,
+      py::arg("stream") = 0,
+      "out = ReduceScatter(a @ op(b)); see csrc/comm/overlap/overlap_ops.h.");
+}
+
+}  // namespace overlap::bindings

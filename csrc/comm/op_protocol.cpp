@@ -1,0 +1,91 @@
+#include "comm/op_protocol.h"
+
+#include "common/errors.h"
+
+namespace overlap::comm {
+
+namespace {
+
+// NOTE [op records]: every rank writes "I issue op #e: <op, argument hash>" into its record
+// slot of every peer's flags before it acknowledges entering op e; after the acknowledgements
+// it compares the records of peers that are at the same epoch with its own. A peer can be at
+// most one op ahead by then (it cannot pass op e+1's acknowledgements without us), so records
+// alternate between two slots by epoch parity and op e's record is still there to compare. Ranks
+// that call different ops (or the same op with different sizes) on one buffer thus get a typed
+// error naming both calls, instead of silently exchanging the wrong bytes. The check is on the
+// host, at issue time, and best effort on cuda (a peer's host may already be further ahead).
+constexpr int kEpochShift = 24;
+
+FlagSlot record_slot(std::uint64_t epoch) {
+  return epoch % 2 ? FlagSlot::kOpOdd : FlagSlot::kOpEven;
+}
+
+std::uint64_t op_record(std::uint64_t epoch, OpCode code, std::uint64_t arg) {
+  const std::uint64_t arg_hash = (arg * 0x9E3779B97F4A7C15ull) >> 48;  // 16 bits
+  return (epoch << kEpochShift) | (static_cast<std::uint64_t>(code) << 16) | arg_hash;
+}
+
+const char* op_name(std::uint64_t record) {
+  switch (static_cast<OpCode>((record >> 16) & 0xff)) {
+    case OpCode::kAllGather:
+      return "all_gather";
+    case OpCode::kReduceScatter:
+      return "reduce_scatter";
+    case OpCode::kBarrier:
+      return "barrier";
+    case OpCode::kAllGatherGemm:
+      return "ag_gemm";
+    case OpCode::kGemmReduceScatter:
+      return "gemm_rs";
+  }
+  return "an unknown op";
+}
+
+void check_op_records(const SymmetricBuffer& buf, std::uint64_t mine, std::uint64_t epoch) {
+  const int r = buf.rank();
+  for (int peer = 0; peer < buf.size(); ++peer) {
+    if (peer == r) continue;
+    const std::uint64_t theirs =
+        __atomic_load_n(buf.flag(r, peer, record_slot(epoch)), __ATOMIC_ACQUIRE);
+    if ((theirs >> kEpochShift) != epoch || theirs == mine) continue;
+    const bool same_op = ((theirs ^ mine) & 0xff0000) == 0;
+    OVERLAP_THROW(kState, "collective mismatch on a symmetric buffer: rank "
+                              << r << " issued " << op_name(mine) << " as op #" << epoch
+                              << " but rank " << peer << " issued " << op_name(theirs)
+                              << (same_op ? " with different sizes" : "")
+                              << "; every rank must call the same ops, with the same sizes, "
+                                 "in the same order");
+  }
+}
+
+}  // namespace
+
+std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, const char* op,
+                       cudaStream_t stream) {
+  buf.check_ready(op);
+  Transport& t = buf.transport();
+  t.raise_if_failed();
+  t.check_stream(stream);
+  const std::uint64_t epoch = buf.next_epoch();
+  const int r = buf.rank();
+  const int n = buf.size();
+  const std::uint64_t record = op_record(epoch, code, arg);
+  for (int i = 1; i < n; ++i) {
+    __atomic_store_n(buf.flag((r + i) % n, r, record_slot(epoch)), record, __ATOMIC_RELEASE);
+  }
+  // kAck = e: "I have entered op e, so I read nothing of op e-1 any more". Waiting for e (not
+  // e-1) makes even the first op a barrier, after which every peer's op record is visible.
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + i) % n;
+    t.signal(buf.flag(peer, r, FlagSlot::kAck), epoch, stream, 0);
+  }
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + n - i) % n;
+    WaitContext ctx{op, r, peer, 0, epoch, buf.timeout_s()};
+    t.wait(buf.flag(r, peer, FlagSlot::kAck), epoch, ctx, stream, 0);
+  }
+  check_op_records(buf, record, epoch);
+  return epoch;
+}
+
+}  // namespace overlap::comm

@@ -1,0 +1,157 @@
+// AG -> GEMM: Y = AllGather(X_shard) @ op(W), each peer's shard multiplied as it arrives.
+#include <algorithm>
+#include <vector>
+
+#include "comm/op_protocol.h"
+#include "comm/overlap/op_common.h"
+#include "comm/overlap/overlap_ops.h"
+
+namespace overlap::comm {
+
+using detail::kSlotAlign;
+using detail::round_up;
+
+AgGemmLayout ag_gemm_layout(int size, std::size_t shard_bytes, bool scaled) {
+  AgGemmLayout l;
+  l.shard_bytes = shard_bytes;
+  const std::size_t data = shard_bytes * static_cast<std::size_t>(size);
+  l.scale_offset = scaled ? round_up(data, kSlotAlign) : 0;
+  l.bytes = scaled ? l.scale_offset + kScaleSlotBytes * size : data;
+  return l;
+}
+
+namespace {
+
+constexpr const char* kOp = "ag_gemm";
+
+// Chunk j of the gathered input: rank j's rows. The local chunk (j == rank) is read from the
+// caller's shard itself, so that its GEMM waits for nothing; the others from the buffer.
+gemm::GemmOperand chunk_operand(const SymmetricBuffer& buf, const gemm::GemmOperand& shard,
+                                const AgGemmLayout& l, int j) {
+  if (j == buf.rank()) return shard;
+  gemm::GemmOperand c = shard;
+  c.data = buf.data(buf.rank()) + j * l.shard_bytes;
+  if (c.scaling == gemm::ScalingMode::kTensor) {
+    c.scale_inv =
+        reinterpret_cast<const float*>(buf.data(buf.rank()) + l.scale_offset + j * kScaleSlotBytes);
+  }
+  return c;
+}
+
+gemm::GemmOutput chunk_output(const gemm::GemmOutput& d, std::int64_t m, int j) {
+  gemm::GemmOutput c = d;
+  c.row_offset = j * m;
+  return c;
+}
+
+}  // namespace
+
+// NOTE [ag_gemm schedule]: one chunk per rank, pushed by copy engines (like all_gather's push
+// mode), multiplied as it lands. Timeline of rank r (n ranks, C compute lanes, S = put_split;
+// c0 = the caller's stream):
+//
+// clang-format off
+//   c0      | begin_op | fork | GEMM chunk r (own shard) | wait kData(r-C), GEMM r-C | ... | join
+//   c1      |          |      | wait kData(r-1), GEMM chunk r-1 | wait kData(r-1-C), GEMM ... |
+//   put 1   |          |      | put shard + scale_inv -> slot r of rank r+1, signal kData    |
+//   ...     |          |      | ... (S lanes per peer, joined before the peer's signal)      |
+//   put n-1 |          |      | put shard + scale_inv -> slot r of rank r-1, signal kData;   |
+//           |          |      |   then our own shard -> our slot r                           |
+// clang-format on
+//
+// Chunk j's GEMM writes rows [j m, (j + 1) m) of Y straight into the output (row_offset). The
+// puts use no SMs (copy engines) and every peer pair its own NVLink links, so all shards land
+// at about the time one takes; the local chunk's GEMM covers that time. With staggered_puts,
+// put lane i starts after put lane i-1 has signalled: every rank then sends to one peer and
+// receives from one at a time (rank r gets r-1's shard first, the order its GEMMs take), so
+// the first peer chunk lands early and later ones while earlier ones are multiplied. Compute lanes
+// take chunks in turn (step s on lane s % C), each lane waiting only for its own chunk's flag, so a
+// late peer delays its chunk's GEMM, not the others'. A peer writes into our slots only after
+// we acknowledged this op, i.e. after our previous op's GEMMs (joined into c0 before begin_op)
+// finished reading them (NOTE [buffer reuse]).
+void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm::GemmOperand& b,
+             const gemm::GemmOutput& d, const gemm::GemmOptions& options,
+             const OverlapConfig& config, cudaStream_t stream) {
+  const int r = buf.rank();
+  const int n = buf.size();
+  Transport& t = buf.transport();
+  // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
+  detail::check_op(buf, config, a_shard, b, kOp);
+  OVERLAP_CHECK_ARG(!a_shard.transposed && a_shard.rows >= 1 && a_shard.ld == a_shard.cols,
+                    kOp << ": the input shard must be a contiguous [m, k] matrix with m >= 1 (got "
+                        << a_shard.rows << " x " << a_shard.cols << ", ld " << a_shard.ld
+                        << (a_shard.transposed ? ", transposed" : "") << ")");
+  const std::int64_t m = a_shard.rows;
+  OVERLAP_CHECK_ARG(d.rows == m * n && d.row_offset == 0,
+                    kOp << ": the output must have size * m = " << n << " * " << m << " = " << m * n
+                        << " rows (got " << d.rows << ", row_offset " << d.row_offset << ")");
+  OVERLAP_CHECK(!dtype_is_fp8(d.dtype), kUnsupported,
+                kOp << ": FP8 outputs are not supported (one amax over the chunk GEMMs is not "
+                       "implemented); use a bfloat16/float16/float32 output");
+  OVERLAP_CHECK_ARG(options.beta == 0.0f, kOp << ": beta must be 0 (got " << options.beta << ")");
+  const bool scaled = a_shard.scaling == gemm::ScalingMode::kTensor;
+  const AgGemmLayout l = ag_gemm_layout(
+      n, static_cast<std::size_t>(m * a_shard.cols) * dtype_size(a_shard.dtype), scaled);
+  detail::check_fits(buf, l.bytes, kOp);
+  const gemm::GemmTarget target = gemm::gemm_target(t.device());
+  for (int j : {r, (r + 1) % n, (r + n - 1) % n}) {  // own shard; buffer slots (first, last)
+    gemm::validate_gemm(chunk_operand(buf, a_shard, l, j), b, chunk_output(d, m, j), options,
+                        target);
+  }
+  const int lanes_c = config.compute_lanes;
+  const int split = buf.put_split();
+  std::uint64_t arg = 0;
+  for (std::uint64_t v : {std::uint64_t(m), std::uint64_t(a_shard.cols),
+                          std::uint64_t(a_shard.dtype), std::uint64_t(scaled)}) {
+    arg = mix_arg(arg, v);
+  }
+
+  // ---- the op --------------------------------------------------------------------------------
+  const std::uint64_t epoch = begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream);
+  const int put_lanes = std::max(1, (n - 1) * split);
+  t.fork(stream, lanes_c + put_lanes);
+  char* const own = buf.data(r);
+  // Pushes first: the host transport runs in program order, so every rank must publish its
+  // shard before it waits for any peer's.
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + i) % n;
+    const int first = lanes_c + (i - 1) * split;
+    if (config.staggered_puts && i > 1) {
+      for (int s = 0; s < split; ++s) t.lane_wait(stream, first + s, first - split);
+    }
+    const std::size_t slice = (l.shard_bytes + split - 1) / split;
+    for (int s = 0; s < split; ++s) {
+      const std::size_t begin = std::min(l.shard_bytes, s * slice);
+      const std::size_t bytes = std::min(l.shard_bytes - begin, slice);
+      t.put(buf.data(peer) + r * l.shard_bytes + begin,
+            static_cast<const char*>(a_shard.data) + begin, bytes, stream, first + s);
+    }
+    if (scaled) {
+      t.put(buf.data(peer) + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float),
+            stream, first);
+    }
+    for (int s = 1; s < split; ++s) t.lane_wait(stream, first, first + s);
+    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
+  }
+  // Our own slot, so that the buffer holds the whole gathered input; after the remote puts of
+  // the last lane, off the critical path. Nothing in this op reads it.
+  const int own_lane = lanes_c + put_lanes - 1;
+  t.put(own + r * l.shard_bytes, a_shard.data, l.shard_bytes, stream, own_lane);
+  if (scaled) {
+    t.put(own + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float), stream,
+          own_lane);
+  }
+  // Chunk GEMMs: our own first, then peers r-1, r-2, ... (step s on compute lane s % C).
+  for (int s = 0; s < n; ++s) {
+    const int j = (r + n - s) % n;
+    const int lane = s % lanes_c;
+    if (j != r) {
+      WaitContext ctx{kOp, r, j, s, epoch, buf.timeout_s()};
+      t.wait(buf.flag(r, j, FlagSlot::kData), epoch, ctx, stream, lane);
+    }
+    t.gemm(chunk_operand(buf, a_shard, l, j), b, chunk_output(d, m, j), options, stream, lane);
+  }
+  t.join(stream);
+}
+
+}  // namespace overlap::comm

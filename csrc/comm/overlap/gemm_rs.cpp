@@ -1,0 +1,166 @@
+// GEMM -> RS: Y_shard = ReduceScatter(X @ op(W_shard)), each chunk's partial sums leaving for
+// their rank while the next chunk is computed.
+#include <algorithm>
+#include <vector>
+
+#include "comm/op_protocol.h"
+#include "comm/overlap/op_common.h"
+#include "comm/overlap/overlap_ops.h"
+
+namespace overlap::comm {
+
+using detail::kSlotAlign;
+using detail::round_up;
+
+GemmRsLayout gemm_rs_layout(int size, std::size_t partial_bytes) {
+  GemmRsLayout l;
+  l.slot_bytes = round_up(partial_bytes, kSlotAlign);
+  l.recv_offset = l.slot_bytes * size;
+  l.bytes = 2 * l.recv_offset;
+  return l;
+}
+
+DType gemm_rs_partial_dtype(DType out) {
+  return dtype_is_fp8(out) ? DType::kBFloat16 : out;
+}
+
+namespace {
+
+constexpr const char* kOp = "gemm_rs";
+
+// Rows [j m, (j + 1) m) of X: the rows whose sums belong to rank j.
+gemm::GemmOperand chunk_operand(const gemm::GemmOperand& a, std::int64_t m, int j) {
+  gemm::GemmOperand c = a;
+  c.data = static_cast<const char*>(a.data) + j * m * a.ld * dtype_size(a.dtype);
+  c.rows = m;
+  return c;
+}
+
+// Send slot j of this rank's region: its partial sums of rank j's rows.
+gemm::GemmOutput send_slot(const SymmetricBuffer& buf, const GemmRsLayout& l, DType partial,
+                           std::int64_t m, std::int64_t cols, int j) {
+  gemm::GemmOutput o;
+  o.data = buf.data(buf.rank()) + j * l.slot_bytes;
+  o.dtype = partial;
+  o.rows = m;
+  o.cols = cols;
+  o.ld = cols;
+  return o;
+}
+
+}  // namespace
+
+// NOTE [gemm_rs schedule]: rank r computes the chunks in the order r+1, r+2, ..., r, so the
+// chunk each peer needs first is produced first (rank r-1 computes our chunk first), and signals
+// each to its rank as soon as it is written; that rank's copy engines pull it while the next
+// chunk is computed. Only the last chunk (our own, which travels nowhere) and the local
+// reduction are not overlapped. Timeline of rank r (n ranks, c0 = the caller's stream):
+//
+// clang-format off
+//   c0      | begin_op | fork | GEMM r+1, signal | GEMM r+2, signal | ... | GEMM r | join | reduce
+//   pull 1  |          |      | wait kData(r-1), pull its send slot r -> recv slot r-1  |      |
+//   pull 2  |          |      |        wait kData(r-2), pull its send slot r ...        |      |
+//   ...     |          |      |                  ...                                    |      |
+//   pull n-1|          |      |                  wait kData(r+1), pull ...              |      |
+// clang-format on
+//
+// The reduction sums, in rank order with fp32 accumulation, our send slot r and the receive
+// slots of every peer, all local memory, into the output (FP8 with scale and amax optional),
+// with a bounded grid (config.reduce_max_blocks). With C > 1 compute lanes, step s runs on lane
+// s % C. A peer pulls our send slots until it enters the next op, whose acknowledgement we
+// wait for before writing them again (NOTE [buffer reuse]); our receive slots are written and
+// read only by this rank, in stream order.
+void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
+             const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
+             const OverlapConfig& config, cudaStream_t stream) {
+  const int r = buf.rank();
+  const int n = buf.size();
+  Transport& t = buf.transport();
+  // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
+  detail::check_op(buf, config, a, b, kOp);
+  OVERLAP_CHECK_ARG(!a.transposed, kOp << ": the input must not be transposed (its rows are "
+                                          "split among the ranks)");
+  OVERLAP_CHECK_ARG(a.rows >= n && a.rows % n == 0,
+                    kOp << ": the input's " << a.rows
+                        << " rows (tokens) must be a positive multiple of the group size " << n
+                        << "; pad the tokens");
+  const std::int64_t m = a.rows / n;
+  const std::int64_t cols = b.transposed ? b.rows : b.cols;
+  OVERLAP_CHECK_ARG(d.rows == m && d.cols == cols && d.ld == cols && d.row_offset == 0,
+                    kOp << ": the output must be a contiguous [" << m << ", " << cols
+                        << "] matrix (M / size rows), got [" << d.rows << ", " << d.cols
+                        << "] with ld " << d.ld << " and row_offset " << d.row_offset);
+  OVERLAP_CHECK_ARG(options.bias == nullptr && !options.gelu && options.beta == 0.0f,
+                    kOp << ": bias, gelu and beta would apply to each rank's partial sums; "
+                           "apply them after the op");
+  const bool fp8_out = dtype_is_fp8(d.dtype);
+  OVERLAP_CHECK_ARG(
+      fp8_out || d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16 ||
+          d.dtype == DType::kFloat32,
+      kOp << ": the output must be bfloat16, float16, float32 or FP8, got " << dtype_name(d.dtype));
+  OVERLAP_CHECK_ARG(fp8_out ? d.scale != nullptr
+                            : (d.scale == nullptr && d.amax == nullptr && out_scale_inv == nullptr),
+                    kOp << ": an FP8 output needs a scale (amax and scale_inv optional); other "
+                           "outputs take none");
+  const DType partial = gemm_rs_partial_dtype(d.dtype);
+  const GemmRsLayout l =
+      gemm_rs_layout(n, static_cast<std::size_t>(m * cols) * dtype_size(partial));
+  detail::check_fits(buf, l.bytes, kOp);
+  const gemm::GemmTarget target = gemm::gemm_target(t.device());
+  for (int j : {0, n - 1}) {
+    gemm::validate_gemm(chunk_operand(a, m, j), b, send_slot(buf, l, partial, m, cols, j), options,
+                        target);
+  }
+  const int lanes_c = config.compute_lanes;
+  const int split = buf.put_split();
+  std::uint64_t arg = 0;
+  for (std::uint64_t v : {std::uint64_t(a.rows), std::uint64_t(a.cols), std::uint64_t(cols),
+                          std::uint64_t(a.dtype), std::uint64_t(d.dtype)}) {
+    arg = mix_arg(arg, v);
+  }
+
+  // ---- the op --------------------------------------------------------------------------------
+  const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream);
+  const int pull_lanes = std::max(1, (n - 1) * split);
+  t.fork(stream, lanes_c + pull_lanes);
+  // GEMMs first: the host transport runs in program order, so every rank must publish its
+  // partial sums before it waits for any peer's.
+  for (int s = 0; s < n; ++s) {
+    const int j = (r + 1 + s) % n;
+    const int lane = s % lanes_c;
+    t.gemm(chunk_operand(a, m, j), b, send_slot(buf, l, partial, m, cols, j), options, stream,
+           lane);
+    if (j != r) t.signal(buf.flag(j, r, FlagSlot::kData), epoch, stream, lane);
+  }
+  // Pulls: peer r-i computes our chunk at its step i-1, so lanes are listed in arrival order.
+  const std::size_t bytes = static_cast<std::size_t>(m * cols) * dtype_size(partial);
+  const std::size_t slice = (bytes + split - 1) / split;
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + n - i) % n;
+    WaitContext ctx{kOp, r, peer, i, epoch, buf.timeout_s()};
+    for (int s = 0; s < split; ++s) {
+      const int lane = lanes_c + (i - 1) * split + s;
+      const std::size_t begin = std::min(bytes, s * slice);
+      t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, lane);
+      t.put(buf.data(r) + l.recv_offset + peer * l.slot_bytes + begin,
+            buf.data(peer) + r * l.slot_bytes + begin, std::min(bytes - begin, slice), stream,
+            lane);
+    }
+  }
+  t.join(stream);
+  // Rank order: the same sum on every rank whichever rank computed it.
+  std::vector<const void*> inputs(n);
+  for (int j = 0; j < n; ++j) {
+    inputs[j] =
+        j == r ? buf.data(r) + r * l.slot_bytes : buf.data(r) + l.recv_offset + j * l.slot_bytes;
+  }
+  ReduceOutput o;
+  o.format = d.dtype;
+  o.scale = d.scale;
+  o.scale_inv = out_scale_inv;
+  o.amax = d.amax;
+  o.max_blocks = config.reduce_max_blocks;
+  t.reduce(d.data, inputs.data(), n, static_cast<std::size_t>(m * cols), partial, o, stream);
+}
+
+}  // namespace overlap::comm

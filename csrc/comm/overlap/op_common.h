@@ -1,0 +1,48 @@
+// Helpers shared by the overlap ops (internal).
+#pragma once
+
+#include <cstddef>
+
+#include "comm/overlap/overlap_ops.h"
+#include "common/errors.h"
+
+namespace overlap::comm::detail {
+
+constexpr std::size_t kSlotAlign = 256;  // what cuBLASLt's fastest kernels assume
+
+inline std::size_t round_up(std::size_t x, std::size_t to) {
+  return (x + to - 1) / to * to;
+}
+
+inline void check_config(const OverlapConfig& c, const char* op) {
+  OVERLAP_CHECK(
+      c.compute_lanes >= 1 && c.compute_lanes <= kMaxComputeLanes, kConfig,
+      op << ": compute_lanes must be in [1, " << kMaxComputeLanes << "], got " << c.compute_lanes);
+}
+
+// FP8 operands of the overlap ops are per-tensor scaled (block formats: not yet).
+inline void check_scaling(const gemm::GemmOperand& x, const char* op, const char* what) {
+  OVERLAP_CHECK(x.scaling == gemm::ScalingMode::kNone || x.scaling == gemm::ScalingMode::kTensor,
+                kUnsupported,
+                op << ": " << what << " uses " << gemm::scaling_mode_name(x.scaling)
+                   << " scaling; the overlap ops take bf16/fp16/fp32 or per-tensor FP8 operands");
+}
+
+// What every overlap op checks first: the buffer is ready, the config valid, the operands
+// per-tensor FP8 or unscaled.
+inline void check_op(const SymmetricBuffer& buf, const OverlapConfig& c, const gemm::GemmOperand& a,
+                     const gemm::GemmOperand& b, const char* op) {
+  buf.check_ready(op);
+  check_config(c, op);
+  check_scaling(a, op, "the input");
+  check_scaling(b, op, "the weight");
+}
+
+// The buffer is large enough for `needed` bytes of the op's layout.
+inline void check_fits(const SymmetricBuffer& buf, std::size_t needed, const char* op) {
+  OVERLAP_CHECK_ARG(needed <= buf.bytes(), op << ": the op needs " << needed
+                                              << " bytes of buffer per rank but the buffer has "
+                                              << buf.bytes() << "; create a larger one");
+}
+
+}  // namespace overlap::comm::detail

@@ -1,0 +1,130 @@
+"""Operands of the overlap ops: plain tensors or per-tensor FP8 :class:`QuantizedTensor` s."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Union
+
+from overlap.errors import InvalidArgumentError, UnsupportedHardwareError
+from overlap.quantization import QuantizedTensor, ScalingMode
+
+if TYPE_CHECKING:
+    import torch
+
+# A bfloat16/float16/float32 tensor, or a QuantizedTensor with rowwise per-tensor FP8 data.
+Operand = Union["torch.Tensor", QuantizedTensor]
+
+HIGH_PRECISION = ("torch.bfloat16", "torch.float16", "torch.float32")
+FP8 = ("torch.float8_e4m3fn", "torch.float8_e5m2")
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return str(dtype) in FP8
+
+
+def split_operand(op: str, name: str, x: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``x`` as (2-D data, scale_inv or None), checked before any communication."""
+    import torch
+
+    if isinstance(x, QuantizedTensor):
+        fmt = x.rowwise_format
+        if not x.has_rowwise or fmt.mode is not ScalingMode.TENSOR:
+            raise UnsupportedHardwareError(
+                f"{op}: {name} must carry rowwise per-tensor FP8 data (got {fmt}, rowwise="
+                f"{x.has_rowwise}); block and MX formats are not supported by the overlap ops yet"
+            )
+        data, scale_inv = x.rowwise_data, x.rowwise_scale_inv
+        if data.dtype == torch.uint8:
+            data = data.view(fmt.fp8.torch_dtype)
+        data = data.reshape(-1, data.shape[-1])
+    elif isinstance(x, torch.Tensor):
+        if is_fp8(x.dtype):
+            raise InvalidArgumentError(
+                f"{op}: {name} is a bare FP8 tensor; pass a QuantizedTensor so that its "
+                "scale_inv travels with it"
+            )
+        if str(x.dtype) not in HIGH_PRECISION:
+            raise InvalidArgumentError(
+                f"{op}: {name} must be bfloat16, float16 or float32, got {x.dtype}"
+            )
+        data, scale_inv = x, None
+    else:
+        raise InvalidArgumentError(
+            f"{op}: {name} must be a torch.Tensor or a QuantizedTensor, got {type(x).__name__}"
+        )
+    if data.dim() != 2:
+        raise InvalidArgumentError(f"{op}: {name} must be 2-D, got shape {tuple(data.shape)}")
+    return data, scale_inv
+
+
+def check_pair(op: str, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> None:
+    """Both operands on the op's device, both FP8 or of one high-precision dtype."""
+    for name, t in (("input", a), ("weight", b)):
+        if t.device != device:
+            raise InvalidArgumentError(f"{op}: the {name} is on {t.device}, the op on {device}")
+    if is_fp8(a.dtype) != is_fp8(b.dtype) or (not is_fp8(a.dtype) and a.dtype != b.dtype):
+        raise InvalidArgumentError(
+            f"{op}: input ({a.dtype}) and weight ({b.dtype}) must both be FP8 or share one dtype"
+        )
+
+
+def stream_of(device: torch.device) -> int:
+    import torch
+
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def default_fast_accum(fast_accum: bool | None, fp8: bool) -> bool:
+    """As :func:`overlap.gemm.gemm`: on for per-tensor FP8, off otherwise."""
+    return fp8 if fast_accum is None else bool(fast_accum)
+
+
+def op_device(comm: object) -> torch.device:
+    import torch
+
+    device = comm.device  # type: ignore[attr-defined]
+    return torch.device("cpu") if device < 0 else torch.device("cuda", device)
+
+
+def check_sizes(op: str, tp: int, max_tokens: int, features: tuple[str, int], lanes: int) -> None:
+    """Constructor arguments of an op object."""
+    name, value = features
+    if max_tokens < tp or value < 1:
+        raise InvalidArgumentError(
+            f"{op}: max_tokens ({max_tokens}) must be >= the TP size ({tp}) and {name} "
+            f"({value}) >= 1"
+        )
+    if not 1 <= lanes <= 4:
+        raise InvalidArgumentError(f"{op}: compute_lanes must be 1..4, got {lanes}")
+
+
+def prepare(
+    op: str, x: object, weight: object, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """(input data, its scale_inv, weight data, its scale_inv), checked as a pair."""
+    a, a_scale_inv = split_operand(op, "the input", x)
+    b, b_scale_inv = split_operand(op, "the weight", weight)
+    check_pair(op, a, b, device)
+    return a, a_scale_inv, b, b_scale_inv
+
+
+def gemm_kwargs(
+    a: torch.Tensor,
+    scale_invs: tuple[torch.Tensor | None, torch.Tensor | None],
+    *,
+    alpha: float,
+    fast_accum: bool | None,
+    sm_count: int,
+    compute_lanes: int,
+    device: torch.device,
+) -> dict[str, object]:
+    """The keyword arguments every native overlap op takes (a linear layer: weight [N, K])."""
+    return {
+        "transb": True,
+        "a_scale_inv": scale_invs[0],
+        "b_scale_inv": scale_invs[1],
+        "alpha": float(alpha),
+        "fast_accum": default_fast_accum(fast_accum, is_fp8(a.dtype)),
+        "sm_count": int(sm_count),
+        "compute_lanes": compute_lanes,
+        "stream": stream_of(device),
+    }

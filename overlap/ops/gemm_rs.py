@@ -1,0 +1,180 @@
+"""GEMM -> RS: a row-parallel layer's partial sums reduce-scattered while they are computed.
+
+``Y_shard[M / tp, N] = ReduceScatter(x[M, K_shard] @ weight_shard[N, K_shard].T)`` over a TP
+group of size ``tp``: rank ``r`` keeps rows ``[r M/tp, (r + 1) M/tp)`` of the sum over ranks.
+Each rank computes its partial sums chunk by chunk (the rows destined to rank ``r+1`` first,
+its own last), straight into its symmetric buffer, and signals each chunk to its rank, whose
+copy engines pull it while the next chunk is computed; each rank then sums its chunk of all
+ranks in rank order with fp32 accumulation (the same result on every rank, whichever rank
+computed it). NOTE [gemm_rs schedule] in ``csrc/comm/overlap/gemm_rs.cpp`` has the timeline.
+
+Stream contract: as :class:`~overlap.ops.AllGatherGemm` (the current stream of the input's
+device; no host synchronisation on cuda; synchronous on the host transport).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from overlap._native import native
+from overlap.errors import InvalidArgumentError
+from overlap.ops._operands import (
+    HIGH_PRECISION,
+    Operand,
+    check_sizes,
+    gemm_kwargs,
+    is_fp8,
+    op_device,
+    prepare,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from overlap.comm import Communicator
+
+__all__ = ["GemmReduceScatter", "partial_dtype"]
+
+_OP = "gemm_rs"
+
+
+def partial_dtype(out_dtype: torch.dtype) -> torch.dtype:
+    """The dtype partial sums travel in: the output's, bfloat16 for an FP8 output."""
+    import torch
+
+    return torch.bfloat16 if is_fp8(out_dtype) else out_dtype
+
+
+class GemmReduceScatter:
+    """``Y_shard = ReduceScatter(x @ weight.T)`` with the reduce-scatter hidden behind the GEMM.
+
+    Args:
+        comm: the TP group's communicator (host or cuda transport).
+        max_tokens: the largest ``M`` (rows of ``x``) a call may use.
+        out_features: ``N``.
+        out_dtype: bfloat16/float16/float32, or an FP8 dtype (the sum is cast with a scale
+            given at the call; partial sums travel in bfloat16).
+        compute_lanes: streams the chunk GEMMs alternate over (1-4; 1 finishes each chunk,
+            and thus each transfer, earliest).
+        reduce_max_blocks: bound on the reduction kernel's grid (0: fill the GPU).
+        name: the buffer's name (error messages).
+
+    Construction is COLLECTIVE (it creates the op's symmetric buffer); :meth:`destroy`
+    frees it.
+    """
+
+    def __init__(
+        self,
+        comm: Communicator,
+        max_tokens: int,
+        out_features: int,
+        out_dtype: torch.dtype,
+        *,
+        compute_lanes: int = 1,
+        reduce_max_blocks: int = 0,
+        name: str = "gemm_rs",
+    ) -> None:
+        import torch
+
+        tp = comm.group.size
+        check_sizes(_OP, tp, max_tokens, ("out_features", out_features), compute_lanes)
+        if str(out_dtype) not in HIGH_PRECISION and not is_fp8(out_dtype):
+            raise InvalidArgumentError(
+                f"{_OP}: out_dtype must be bfloat16, float16, float32 or FP8, got {out_dtype}"
+            )
+        self.tp = tp
+        self.max_tokens = int(max_tokens)
+        self.out_features = int(out_features)
+        self.out_dtype = out_dtype
+        self.compute_lanes = int(compute_lanes)
+        self.reduce_max_blocks = int(reduce_max_blocks)
+        self.device = op_device(comm)
+        itemsize = torch.empty((), dtype=partial_dtype(out_dtype)).element_size()
+        partial_bytes = (self.max_tokens // tp) * self.out_features * itemsize
+        _, _, nbytes = native().comm_ops.gemm_rs_layout(tp, partial_bytes)
+        self.buffer = comm.create_buffer(int(nbytes), name)
+
+    def __call__(
+        self,
+        x: Operand,
+        weight: Operand,
+        *,
+        alpha: float = 1.0,
+        out: torch.Tensor | None = None,
+        out_scale: torch.Tensor | None = None,
+        out_amax: torch.Tensor | None = None,
+        out_scale_inv: torch.Tensor | None = None,
+        fast_accum: bool | None = None,
+        sm_count: int = 0,
+    ) -> torch.Tensor:
+        """COLLECTIVE: this rank's rows of ``sum over ranks (alpha * x @ weight.T)``.
+
+        Args:
+            x: ``[M, K_shard]`` (unit column stride), bfloat16/float16/float32 or a per-tensor
+                FP8 :class:`~overlap.quantization.QuantizedTensor`. ``M`` must be a multiple of
+                the TP size (not necessarily of 128) and ``<= max_tokens``; the same on every
+                rank.
+            weight: ``[N, K_shard]``, the input's dtype (or per-tensor FP8 with an FP8 input).
+            alpha: scale of the product.
+            out: optional contiguous ``[M / tp, N]`` of the op's ``out_dtype``.
+            out_scale: FP8 outputs only, required: float32 ``[1]``; ``out = fp8(sum * scale)``.
+            out_amax: FP8 outputs only, optional float32 ``[1]``: receives ``max |sum|``.
+            out_scale_inv: FP8 outputs only, optional float32 ``[1]``: receives ``1 / scale``.
+            fast_accum: FP8 inputs only (default on, as :func:`overlap.gemm.gemm`).
+            sm_count: SMs the chunk GEMMs plan for (0 = all).
+
+        Returns:
+            ``out`` ``[M / tp, N]``.
+
+        Raises:
+            InvalidArgumentError / UnsupportedHardwareError: before any communication, with
+                the buffer left usable (e.g. ``M`` not a multiple of the TP size).
+            CommTimeoutError: a peer did not take part in time.
+        """
+        import torch
+
+        a, a_scale_inv, b, b_scale_inv = prepare(_OP, x, weight, self.device)
+        rows, k = a.shape
+        if rows % self.tp or rows > self.max_tokens or rows == 0:
+            raise InvalidArgumentError(
+                f"{_OP}: x has {rows} rows (tokens); they must be a positive multiple of the "
+                f"TP size {self.tp} and <= max_tokens ({self.max_tokens}); pad the tokens"
+            )
+        if b.shape[1] != k or b.shape[0] != self.out_features:
+            raise InvalidArgumentError(
+                f"{_OP}: weight {tuple(b.shape)} must be [{self.out_features}, {k}]"
+            )
+        shape = (rows // self.tp, self.out_features)
+        if out is None:
+            out = torch.empty(shape, dtype=self.out_dtype, device=self.device)
+        elif tuple(out.shape) != shape or out.dtype != self.out_dtype:
+            raise InvalidArgumentError(
+                f"{_OP}: out must be {self.out_dtype}[{shape[0]}, {shape[1]}], got "
+                f"{out.dtype}{list(out.shape)}"
+            )
+        if is_fp8(self.out_dtype) and out_scale is None:
+            raise InvalidArgumentError(f"{_OP}: an FP8 output needs out_scale")
+        native().comm_ops.gemm_rs(
+            self.buffer._core,
+            a,
+            b,
+            out,
+            out_scale=out_scale,
+            out_amax=out_amax,
+            out_scale_inv=out_scale_inv,
+            reduce_max_blocks=self.reduce_max_blocks,
+            **gemm_kwargs(
+                a,
+                (a_scale_inv, b_scale_inv),
+                alpha=alpha,
+                fast_accum=fast_accum,
+                sm_count=sm_count,
+                compute_lanes=self.compute_lanes,
+                device=self.device,
+            ),
+        )
+        return out
+
+    def destroy(self) -> None:
+        """Free the buffer. Idempotent; not collective."""
+        self.buffer.destroy()

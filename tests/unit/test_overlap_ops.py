@@ -1,0 +1,138 @@
+"""Overlap ops in one process (a 1-rank group on the host transport): buffer layouts, the
+ops against a plain GEMM, and typed rejections that leave the op usable.
+
+The multi-rank protocol (chunks, flags, delayed ranks, timeouts) is tested in
+tests/distributed/test_overlap_ops.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from overlap._native import native  # noqa: E402
+from overlap.comm import Communicator  # noqa: E402
+from overlap.errors import (  # noqa: E402
+    InvalidArgumentError,
+    StateError,
+    UnsupportedHardwareError,
+)
+from overlap.gemm import gemm  # noqa: E402
+from overlap.ops import AllGatherGemm, GemmReduceScatter  # noqa: E402
+from overlap.quantization import (  # noqa: E402
+    BlockScalingConfig,
+    CurrentScalingConfig,
+    QuantizedTensor,
+    cast_to_fp8,
+    make_quantizer,
+)
+from tests.unit.test_buffers import Solo  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+
+
+@pytest.fixture
+def comm() -> Iterator[Communicator]:
+    c = Communicator(Solo(), "host")
+    yield c
+    c.destroy()
+
+
+def per_tensor(x: torch.Tensor) -> QuantizedTensor:
+    return make_quantizer(CurrentScalingConfig(), columnwise=False).quantize(x)
+
+
+def rand(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 8])
+def test_layouts_are_aligned_and_disjoint(tp: int) -> None:
+    ops = native().comm_ops
+    for shard in (16, 1000, 4096, 12345):
+        scale_offset, nbytes = ops.ag_gemm_layout(tp, shard, True)
+        assert scale_offset % 256 == 0 and scale_offset >= tp * shard
+        assert nbytes == scale_offset + 16 * tp
+        assert ops.ag_gemm_layout(tp, shard, False) == (0, tp * shard)
+        slot, recv, total = ops.gemm_rs_layout(tp, shard)
+        assert slot % 256 == 0 and shard <= slot < shard + 256
+        assert recv == tp * slot and total == 2 * recv
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_one_rank_ops_are_the_plain_gemm(comm: Communicator, fp8: bool) -> None:
+    x, w = rand(37, 64, seed=1), rand(48, 64, seed=2) * 0.1
+    xs, ws = (per_tensor(x), per_tensor(w)) if fp8 else (x, w)
+    xd, xsi = (xs.rowwise_data, xs.rowwise_scale_inv) if fp8 else (x, None)
+    wd, wsi = (ws.rowwise_data, ws.rowwise_scale_inv) if fp8 else (w, None)
+    want = gemm(xd, wd, transb=True, a_scale_inv=xsi, b_scale_inv=wsi, out_dtype=torch.bfloat16)
+
+    ag = AllGatherGemm(comm, 40, 64, E4M3 if fp8 else torch.bfloat16)
+    out = torch.full((37, 48), float("nan"), dtype=torch.bfloat16)
+    assert torch.equal(ag(xs, ws, out=out), want)
+    gathered = ag.gathered_input()
+    if fp8:
+        assert torch.equal(gathered.rowwise_data.view(torch.uint8), xd.view(torch.uint8))
+        assert torch.equal(gathered.rowwise_scale_inv, xsi)  # read from the buffer
+    else:
+        assert torch.equal(gathered, x)
+    ag.destroy()
+
+    rs = GemmReduceScatter(comm, 40, 48, torch.bfloat16)
+    assert torch.equal(rs(xs, ws), want)
+    rs.destroy()
+
+
+def test_fp8_output_of_gemm_rs(comm: Communicator) -> None:
+    x, w = rand(16, 32, seed=3), rand(16, 32, seed=4)
+    rs = GemmReduceScatter(comm, 16, 16, E4M3)
+    scale = torch.tensor([2.0])
+    amax, scale_inv = torch.full((1,), float("nan")), torch.full((1,), float("nan"))
+    got = rs(x, w, out_scale=scale, out_amax=amax, out_scale_inv=scale_inv)
+    partial = gemm(x, w, transb=True)
+    want, _ = cast_to_fp8(partial.float(), scale, fp8_dtype=E4M3)
+    assert got.dtype == E4M3 and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert amax.item() == partial.float().abs().max().item() and scale_inv.item() == 0.5
+    rs.destroy()
+
+
+def test_rejections_are_typed_and_leave_the_op_usable(comm: Communicator) -> None:
+    ag = AllGatherGemm(comm, 32, 64, torch.bfloat16)
+    x, w = rand(8, 64), rand(16, 64)
+    with pytest.raises(StateError, match="before the first call"):
+        ag.gathered_input()
+    with pytest.raises(InvalidArgumentError, match="does not fit"):
+        ag(rand(8, 32), w)
+    with pytest.raises(InvalidArgumentError, match="does not fit"):
+        ag(rand(33, 64), w)
+    with pytest.raises(InvalidArgumentError, match="contiguous"):
+        ag(rand(64, 8).t(), w)
+    with pytest.raises(InvalidArgumentError, match="bare FP8"):
+        ag(x.to(E4M3), w)
+    with pytest.raises(InvalidArgumentError, match="2-D"):
+        ag(x.view(-1), w)
+    with pytest.raises(UnsupportedHardwareError, match="FP8 outputs"):
+        ag(x, w, out_dtype=E4M3)
+    block = make_quantizer(BlockScalingConfig(), columnwise=False).quantize(rand(8, 128))
+    with pytest.raises(UnsupportedHardwareError, match="per-tensor FP8"):
+        ag(block, w)
+    with pytest.raises(InvalidArgumentError, match="compute_lanes"):
+        AllGatherGemm(comm, 32, 64, torch.bfloat16, compute_lanes=5)
+    want = gemm(x, w, transb=True)
+    assert torch.equal(ag(x, w), want)  # still usable
+    ag.destroy()
+    with pytest.raises(StateError, match="destroyed"):
+        ag(x, w)
+
+    rs = GemmReduceScatter(comm, 32, 16, torch.bfloat16)
+    with pytest.raises(InvalidArgumentError, match="must be \\[16, 64\\]"):
+        rs(x, rand(8, 64))
+    with pytest.raises(InvalidArgumentError, match="out must be"):
+        rs(x, w, out=torch.empty(8, 16, dtype=torch.float32))
+    with pytest.raises(InvalidArgumentError, match="out_dtype"):
+        GemmReduceScatter(comm, 32, 16, torch.int32)
+    assert torch.equal(rs(x, w), want)
+    rs.destroy()
