@@ -7,7 +7,9 @@
 # STEPs (default: build unit dist bench): build (pip install -e .), unit (single-process tests,
 # GPU ones included), dist (multi-rank tests on all local GPUs; dist-cuda and buffers-cuda:
 # the cuda transport's collectives and buffer managers), bench (the main job),
-# kernels (quantization/reduction kernel bandwidth), gemm (GEMM vs torch). Every step writes
+# kernels (quantization/reduction kernel bandwidth), gemm (GEMM vs torch), quant-gpu (the
+# CUDA quantization kernels' tests), ops-cuda and ops-bench (the overlap ops' multi-rank
+# tests and benchmark on all local GPUs). Every step writes
 # its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S, default 300 s); a short summary
 # table is printed last.
 set -uo pipefail
@@ -52,6 +54,11 @@ for s in "${STEPS[@]}"; do
     dist) step dist dist.log "${PYTEST[@]}" tests/distributed ;;
     dist-cuda) step dist dist.log "${PYTEST[@]}" tests/distributed/test_collectives.py -k cuda ;;
     buffers-cuda) step buffers buffers.log "${PYTEST[@]}" tests/distributed/test_buffers.py -k cuda ;;
+    ops-cuda) step ops ops.log "${PYTEST[@]}" tests/distributed/test_overlap_ops.py -k cuda ;;
+    quant-gpu) step quant quant.log "${PYTEST[@]}" tests/unit/test_quantize_gpu.py ;;
+    ops-bench)
+      step opsbench opsbench.log "$PY" -m benchmarks.overlap_ops --launch "$(nvidia-smi -L | wc -l)" \
+        --cuda --out "$LOG" ;;
     bench) step bench bench.log "$PY" -m benchmarks.run --out "$LOG" ;;
     kernels) step kernels kernels.log "$PY" -m benchmarks.kernels --json "$LOG/kernels.json" ;;
     gemm) step gemm gemm.log "$PY" -m benchmarks.gemm --json "$LOG/gemm.json" ;;
@@ -61,7 +68,7 @@ done
 echo
 echo "== gpu_check summary =="
 printf '%s\n' "${summary[@]}"
-for f in unit dist buffers; do
+for f in unit dist buffers quant ops; do
   [ -f "$LOG/$f.log" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG/$f.log" | tail -n 12
 done
 exit 0
