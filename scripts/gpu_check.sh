@@ -55,7 +55,7 @@ for s in "${STEPS[@]}"; do
     dist-cuda) step dist dist.log "${PYTEST[@]}" tests/distributed/test_collectives.py -k cuda ;;
     buffers-cuda) step buffers buffers.log "${PYTEST[@]}" tests/distributed/test_buffers.py -k cuda ;;
     ops-cuda) step ops ops.log "${PYTEST[@]}" tests/distributed/test_overlap_ops.py -k cuda ;;
-    quant-gpu) step quant quant.log "${PYTEST[@]}" tests/unit/test_quantize_gpu.py ;;
+    quant-gpu) step quant quant.log "${PYTEST[@]}" tests/unit/test_quantize_gpu.py tests/unit/test_overlap_ops.py ;;
     ops-bench)
       step opsbench opsbench.log "$PY" -m benchmarks.overlap_ops --launch "$(nvidia-smi -L | wc -l)" \
         --cuda --out "$LOG" ;;
