@@ -66,6 +66,7 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
   Transport& t = buf.transport();
   t.raise_if_failed();
   t.check_stream(stream);
+  t.order_ops(&buf, stream);  // NOTE [ops on several streams]
   const std::uint64_t epoch = buf.next_epoch();
   const int r = buf.rank();
   const int n = buf.size();

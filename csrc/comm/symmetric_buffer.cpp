@@ -102,6 +102,7 @@ void SymmetricBuffer::destroy() noexcept {
   state_ = State::kDestroyed;
   // Reverse order of acquisition: peer mappings, then the local region.
   try {
+    transport_->forget_ops(this);
     for (auto it = peers_.rbegin(); it != peers_.rend(); ++it) it->reset();
     local_.reset();
   } catch (const std::exception& e) {

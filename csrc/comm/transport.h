@@ -119,6 +119,14 @@ class Transport {
   virtual void gemm(const gemm::GemmOperand& a, const gemm::GemmOperand& b,
                     const gemm::GemmOutput& d, const gemm::GemmOptions& options,
                     cudaStream_t stream, int lane) = 0;
+  // NOTE [ops on several streams]: the ops on one buffer must run in issue order even when the
+  // caller issues them on different streams (the epoch protocol assumes that the previous op
+  // has finished reading before this rank acknowledges the next one). order_ops(key, stream)
+  // makes `stream` wait for everything issued so far on the stream of the previous op under
+  // `key` (a buffer), when that was another stream; forget_ops(key) drops the key. No-ops on
+  // the host transport, which runs in program order.
+  virtual void order_ops(const void* /*key*/, cudaStream_t /*stream*/) {}
+  virtual void forget_ops(const void* /*key*/) {}
   // Make the host wait for everything issued on `stream`, then raise_if_failed().
   virtual void synchronize(cudaStream_t stream) = 0;
   // Raises the first asynchronous failure (a cuda wait that timed out) this transport has

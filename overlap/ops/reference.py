@@ -83,7 +83,8 @@ def all_gather_gemm_reference(
             b,
             out=y,
             row_offset=j * m,
-            a_scale_inv=scales[j : j + 1],
+            # A fresh (aligned) scale: cuBLASLt refuses a scale pointer 4 bytes into a tensor.
+            a_scale_inv=scales[j : j + 1].clone(),
             fast_accum=fast,
             **common,
         )

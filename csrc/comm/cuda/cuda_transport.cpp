@@ -20,7 +20,9 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <mutex>
 #include <sstream>
+#include <unordered_map>
 #include <vector>
 
 #include "comm/cuda/cuda_memory.h"
@@ -200,6 +202,25 @@ class CudaTransport final : public Transport {
     gemm::gemm_cuda(a, b, d, options, device_, lanes_.stream(stream, lane));
   }
 
+  void order_ops(const void* key, cudaStream_t stream) override {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    OpOrder& o = op_order_[key];
+    if (o.used && o.last != stream) {
+      DeviceGuard guard(device_);
+      if (!o.event) o.event = std::make_unique<cuda::OwnedEvent>();
+      // Recorded now, on the previous op's stream: covers that whole op, already issued.
+      OVERLAP_CHECK_CUDA(cudaEventRecord(o.event->get(), o.last));
+      OVERLAP_CHECK_CUDA(cudaStreamWaitEvent(stream, o.event->get(), 0));
+    }
+    o.used = true;
+    o.last = stream;
+  }
+
+  void forget_ops(const void* key) override {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    op_order_.erase(key);
+  }
+
   void synchronize(cudaStream_t stream) override {
     DeviceGuard guard(device_);
     // Returns even when a peer never comes: the watchdog releases stuck waits.
@@ -241,9 +262,18 @@ class CudaTransport final : public Transport {
                              "cuda transport's signals use; update the NVIDIA driver");
   }
 
+  // NOTE [ops on several streams]: per buffer, the stream of its last op.
+  struct OpOrder {
+    bool used = false;
+    cudaStream_t last = nullptr;
+    std::unique_ptr<cuda::OwnedEvent> event;
+  };
+
   int device_;
   std::shared_ptr<cuda::Watchdog> watchdog_;
   cuda::Lanes lanes_;
+  std::mutex ops_mu_;
+  std::unordered_map<const void*, OpOrder> op_order_;
 };
 
 }  // namespace
