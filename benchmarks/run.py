@@ -3,9 +3,15 @@
 Runs on all local GPUs when there are any (cuda transport), else on the host transport with 4
 ranks, under mpirun. Prints a table and writes JSON under ``--out``.
 
-Status: overlap's comm-GEMM overlap ops are not implemented yet. Until they land, this job
-measures overlap's own collectives (cuda transport on GPUs, host transport otherwise) beside
-the baselines they must beat (NCCL/gloo), the bootstrap and the amax kernel, and says so.
+It runs two benchmarks, one after the other, each launched under mpirun:
+
+1. ``benchmarks.overlap_ops``: the comm-GEMM overlap ops (AG+GEMM, GEMM+RS) against their
+   floor, the sequential baseline and torch's async-TP (DESIGN.md §6; the quick default is
+   the M = 8192 suite on GPUs, tiny shapes on the host transport; ``--full`` adds M = 16384);
+2. ``benchmarks.baseline_collectives``: overlap's all-gather / reduce-scatter beside NCCL (or
+   gloo), the bootstrap and the amax kernel.
+
+The paths of the JSON files are printed at the end.
 """
 
 from __future__ import annotations
@@ -42,29 +48,39 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--transport cuda needs GPUs: {info['device_error'] or 'none visible'}")
     nprocs = args.nprocs or (gpus if cuda else 4)
     print(f"[bench] transport={'cuda' if cuda else 'host'} ranks={nprocs} out={args.out}")
-    print(
-        "[bench] NOTE: overlap's comm-GEMM overlap ops are not implemented yet; this run "
-        "measures the collectives they build on (overlap's all-gather/reduce-scatter beside "
-        "NCCL on GPUs, gloo on the host), the bootstrap and the amax kernel.",
-        flush=True,
-    )
-    cmd = mpirun_command(
-        nprocs,
-        [sys.executable, "-u", "-m", "benchmarks.baseline_collectives", "--out", str(args.out)]
-        + (["--cuda"] if cuda else [])
-        + (["--full"] if args.full else []),
-        env={"PYTHONPATH": str(REPO)},
-        tag_output=False,
-    )
-    try:
-        done = subprocess.run(cmd, cwd=REPO, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        print(f"[bench] timed out after {args.timeout:.0f} s: {format_command(cmd)}")
-        return 1
-    if done.returncode != 0:
-        print(f"[bench] FAILED (exit {done.returncode}): {format_command(cmd)}")
-        return done.returncode
-    print(f"\n[bench] JSON: {args.out / 'baseline_collectives.json'}")
+    jobs = [
+        (
+            "overlap ops",
+            ["benchmarks.overlap_ops", "--out", str(args.out)],
+            args.out / "overlap_ops.json",
+        ),
+        (
+            "collectives",
+            ["benchmarks.baseline_collectives", "--out", str(args.out)],
+            args.out / "baseline_collectives.json",
+        ),
+    ]
+    for i, (name, module_args, _) in enumerate(jobs, 1):
+        print(f"\n[bench] ({i}/{len(jobs)}) {name} ...", flush=True)
+        cmd = mpirun_command(
+            nprocs,
+            [sys.executable, "-u", "-m", *module_args]
+            + (["--cuda"] if cuda else [])
+            + (["--full"] if args.full else []),
+            env={"PYTHONPATH": str(REPO)},
+            tag_output=False,
+        )
+        try:
+            done = subprocess.run(cmd, cwd=REPO, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"[bench] timed out after {args.timeout:.0f} s: {format_command(cmd)}")
+            return 1
+        if done.returncode != 0:
+            print(f"[bench] FAILED (exit {done.returncode}): {format_command(cmd)}")
+            return done.returncode
+    print()
+    for name, _, path in jobs:
+        print(f"[bench] {name} JSON: {path}")
     return 0
 
 
