@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +50,30 @@ def device_for(transport: str, local_rank: int) -> torch.device:
     device = torch.device("cuda", local_rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device
+
+
+class Setup(NamedTuple):
+    """What every worker's main() starts from: ``<scenario> <tp_size> [host|cuda]``."""
+
+    scenario: str
+    transport: str
+    launch: Any  # overlap.launch.LaunchEnv
+    device: Any  # torch.device of this rank
+    tp: Any  # the TP group's TorchBootstrap
+
+
+def setup(argv: list[str]) -> Setup:
+    """Parse ``argv``, initialise torch.distributed (gloo) and this rank's device, and split
+    the world into TP groups."""
+    from overlap.comm import TorchBootstrap, tp_subgroup
+    from overlap.launch import init_torch_distributed
+
+    scenario, tp_size = argv[1], int(argv[2])
+    transport = argv[3] if len(argv) > 3 else "host"
+    launch = init_torch_distributed("gloo")
+    device = device_for(transport, launch.local_rank)
+    tp = tp_subgroup(TorchBootstrap(), tp_size)
+    return Setup(scenario, transport, launch, device, tp)
 
 
 def expect_raises(exc_type: type[BaseException], match: str, fn: Callable[[], object]) -> None:

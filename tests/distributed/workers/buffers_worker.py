@@ -29,9 +29,8 @@ from overlap.buffers import (
     gather_for_wgrad,
     saveable,
 )
-from overlap.comm import Communicator, TorchBootstrap, tp_subgroup
+from overlap.comm import Communicator, TorchBootstrap
 from overlap.errors import InvalidArgumentError, StateError
-from overlap.launch import init_torch_distributed
 from overlap.quantization import (
     BlockScalingConfig,
     BlockScalingQuantizer,
@@ -471,12 +470,8 @@ def negative(comm: Communicator, tp: TorchBootstrap) -> None:
 
 
 def main() -> None:
-    global DEVICE  # noqa: PLW0603 - one device per worker process, set once here
-    scenario, tp_size = sys.argv[1], int(sys.argv[2])
-    transport = sys.argv[3] if len(sys.argv) > 3 else "host"
-    launch = init_torch_distributed("gloo")
-    DEVICE = _worker.device_for(transport, launch.local_rank)
-    tp = tp_subgroup(TorchBootstrap(), tp_size)
+    global DEVICE
+    scenario, transport, _launch, DEVICE, tp = _worker.setup(sys.argv)
     comm = Communicator(tp, transport, timeout_s=60)
     {
         "formats": formats,

@@ -18,7 +18,7 @@ import _worker
 import torch
 import torch.distributed as dist
 
-from overlap.comm import Communicator, TorchBootstrap, tp_subgroup
+from overlap.comm import Communicator, TorchBootstrap
 from overlap.errors import (
     BootstrapError,
     CommTimeoutError,
@@ -26,7 +26,6 @@ from overlap.errors import (
     InvalidArgumentError,
     StateError,
 )
-from overlap.launch import init_torch_distributed
 
 DTYPES = [torch.bfloat16, torch.float32, torch.uint8]  # uint8 stands for FP8 bytes
 DEVICE = torch.device("cpu")  # cuda:<local rank> on the cuda transport (set in main)
@@ -288,12 +287,8 @@ def mismatch(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
 
 
 def main() -> None:
-    global DEVICE  # noqa: PLW0603 - one device per worker process, set once here
-    scenario, tp_size = sys.argv[1], int(sys.argv[2])
-    transport = sys.argv[3] if len(sys.argv) > 3 else "host"
-    launch = init_torch_distributed("gloo")
-    DEVICE = _worker.device_for(transport, launch.local_rank)
-    tp = tp_subgroup(TorchBootstrap(), tp_size)
+    global DEVICE
+    scenario, transport, launch, DEVICE, tp = _worker.setup(sys.argv)
     gen = torch.Generator().manual_seed(1234 + launch.rank)
     comm = Communicator(tp, transport, timeout_s=30)
     {

@@ -20,7 +20,7 @@ import time
 import _worker
 import torch
 
-from overlap.comm import Communicator, TorchBootstrap, tp_subgroup
+from overlap.comm import Communicator, TorchBootstrap
 from overlap.errors import (
     CommTimeoutError,
     ConfigError,
@@ -28,7 +28,6 @@ from overlap.errors import (
     StateError,
     UnsupportedHardwareError,
 )
-from overlap.launch import init_torch_distributed
 from overlap.ops import (
     AllGatherGemm,
     GemmReduceScatter,
@@ -276,12 +275,8 @@ def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
 
 
 def main() -> None:
-    global DEVICE  # noqa: PLW0603 - one device per worker process, set once here
-    scenario, tp_size = sys.argv[1], int(sys.argv[2])
-    transport = sys.argv[3] if len(sys.argv) > 3 else "host"
-    launch = init_torch_distributed("gloo")
-    DEVICE = _worker.device_for(transport, launch.local_rank)
-    tp = tp_subgroup(TorchBootstrap(), tp_size)
+    global DEVICE
+    scenario, transport, launch, DEVICE, tp = _worker.setup(sys.argv)
     assert tp._order == list(range(tp.size)), "the references assume group-rank order"
     gen = torch.Generator().manual_seed(4321 + launch.rank)
     comm = Communicator(tp, transport, timeout_s=30)
