@@ -91,3 +91,49 @@ def _fmt(v: object) -> str:
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def plot_times(
+    rows: Sequence[dict[str, Any]],
+    label_keys: Sequence[str],
+    series: Sequence[tuple[str, str]],
+    path: Path,
+    title: str,
+) -> Path | None:
+    """A grouped bar chart (PNG) of times per row: one group per row (labelled by
+    ``label_keys``), one bar per ``series`` entry (key, legend label), values normalised to
+    the row's ``floor`` when it has one. Returns ``path``, or None (with a printed reason)
+    when matplotlib is not installed; missing values are skipped."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"[plot] matplotlib is not installed: no plot at {path}")
+        return None
+    labels = ["\n".join(str(r[k]) for k in label_keys) for r in rows]
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(rows)), 4.0))
+    for i, (key, legend) in enumerate(series):
+        xs, ys = [], []
+        for j, r in enumerate(rows):
+            value, floor = r.get(key), r.get("floor")
+            if isinstance(value, (int, float)):
+                xs.append(j + (i - (len(series) - 1) / 2) * width)
+                ys.append(value / floor if floor else value)
+        if ys:  # a series with no value (e.g. a peer that could not run) gets no legend entry
+            ax.bar(xs, ys, width=width, label=legend, color=f"C{i}")
+    normalised = any(r.get("floor") for r in rows)
+    if normalised:
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.axhline(1.10, color="gray", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("time / floor" if normalised else "ms")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import format_table, max_over_ranks, time_op, write_json
+from benchmarks.common import format_table, max_over_ranks, plot_times, time_op, write_json
 from overlap.comm import Communicator, TorchBootstrap, TransportKind
 from overlap.gemm import gemm
 from overlap.info import summary
@@ -285,7 +285,16 @@ def main() -> None:
             ],
         )
     )
+    plot = plot_times(
+        rows,
+        ("op", "shape", "dtype"),
+        [("T_seq", "sequential (NCCL + GEMM)"), ("T_torch", "torch async-TP"), ("T_ours", "ours")],
+        args.out / "overlap_ops.png",
+        f"overlap ops, TP = {launch.world_size}: time / floor (dashed: the 1.10 target)",
+    )
     print(f"\nJSON: {args.out / 'overlap_ops.json'} ({result['seconds']:.0f} s)")
+    if plot is not None:
+        print(f"plot: {plot}")
 
 
 def _is_launch_arg(argv: list[str], i: int) -> bool:

@@ -11,7 +11,8 @@ It runs two benchmarks, one after the other, each launched under mpirun:
 2. ``benchmarks.baseline_collectives``: overlap's all-gather / reduce-scatter beside NCCL (or
    gloo), the bootstrap and the amax kernel.
 
-The paths of the JSON files are printed at the end.
+The paths of the JSON files and of the plot (PNG, when matplotlib is installed) are printed
+at the end.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for name, _, path in jobs:
         print(f"[bench] {name} JSON: {path}")
+    plot = args.out / "overlap_ops.png"
+    if plot.exists():
+        print(f"[bench] overlap ops plot: {plot}")
     return 0
 
 
