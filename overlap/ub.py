@@ -421,22 +421,17 @@ class Userbuffers:
         from overlap.ops import AllGatherGemm, GemmReduceScatter
 
         cfg = self.config.gemms[name]
+        args = (self.comm, self.config.tokens, self.config.hidden, buf_dtype)
         if cfg.method is OverlapMethod.RING_AG:
             return AllGatherGemm(
-                self.comm,
-                self.config.tokens,
-                self.config.hidden,
-                buf_dtype,
+                *args,
                 compute_lanes=cfg.lanes,
                 staggered_puts=cfg.staggered_puts,
                 name=name,
                 buffer=buffer,
             )
         return GemmReduceScatter(
-            self.comm,
-            self.config.tokens,
-            self.config.hidden,
-            buf_dtype,
+            *args,
             compute_lanes=cfg.lanes,
             reduce_max_blocks=cfg.reduce_max_blocks,
             name=name,

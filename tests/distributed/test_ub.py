@@ -9,7 +9,7 @@ import pytest
 
 from tests.distributed.launcher import run_workers
 
-GROUPS = ["process_group", "bootstrap", "mpi4py"]
+GROUPS = ["process_group", "bootstrap", "device_mesh", "mpi4py"]
 
 
 @pytest.mark.mpi

@@ -3,7 +3,8 @@ references (plain collective + plain GEMM), buffer accounting equal on every ran
 
 Usage: ub_worker.py <scenario> <tp_size> [host|cuda]
 Scenarios: process_group (the TP group as a torch ProcessGroup), bootstrap (as the
-overlap.comm.Bootstrap of tp_subgroup), mpi4py (as an mpi4py communicator).
+overlap.comm.Bootstrap of tp_subgroup), device_mesh (the "tp" dimension of a 2-D DeviceMesh),
+mpi4py (as an mpi4py communicator).
 """
 
 from __future__ import annotations
@@ -35,10 +36,23 @@ def close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 def main() -> None:
     s = _worker.setup(sys.argv)
     tp, device = s.tp, s.device
+    mesh_dim = None
     if s.scenario == "process_group":
         group: object = tp.group
     elif s.scenario == "bootstrap":
         group = tp
+    elif s.scenario == "device_mesh":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # A mesh of gloo groups on both transports: it only carries the rendezvous bytes.
+        dims = (s.launch.world_size // tp.size, tp.size)
+        mesh = init_device_mesh("cpu", dims, mesh_dim_names=("dp", "tp"))
+        _worker.expect_raises(
+            ConfigError,
+            "needs mesh_dim=",
+            lambda: initialize_ub((8 * tp.size, 8), mesh, transport=s.transport, register=False),
+        )
+        group, mesh_dim = mesh, "tp"
     elif s.scenario == "mpi4py":
         from mpi4py import MPI
 
@@ -50,9 +64,13 @@ def main() -> None:
     _worker.expect_raises(
         ConfigError,
         f"not divisible by the TP size {tp.size}",
-        lambda: initialize_ub((tokens + 1, HIDDEN), group, transport=s.transport, register=False),
+        lambda: initialize_ub(
+            (tokens + 1, HIDDEN), group, transport=s.transport, mesh_dim=mesh_dim, register=False
+        ),
     )
-    ub = initialize_ub((tokens, HIDDEN), group, torch.bfloat16, transport=s.transport)
+    ub = initialize_ub(
+        (tokens, HIDDEN), group, torch.bfloat16, transport=s.transport, mesh_dim=mesh_dim
+    )
     assert isinstance(ub, Userbuffers) and ub.tp == tp.size
     totals = {int(b) for b in tp.allgather_bytes(str(ub.total_bytes).encode())}
     assert totals == {ub.total_bytes} and ub.total_bytes > 0, totals
