@@ -252,7 +252,10 @@ def test_lifecycle_and_ops_through_the_registry() -> None:
         get_ub("qkv_wgrad")
     assert not ub.is_overlapped("proj_wgrad") and ub.is_overlapped("proj_fprop")
     buffers = {id(ub.get(n).buffer): ub.get(n).buffer for n in ("qkv_fprop", "proj_fprop")}
+    held = ub.get("fc1_fprop")
     destroy_ub()
+    with pytest.raises(StateError, match="symmetric buffer is destroyed"):
+        held(x, w)  # an op kept past destroy_ub()
     assert ub.destroyed and all(b.destroyed for b in buffers.values())
     destroy_ub()  # idempotent
     with pytest.raises(StateError, match="call initialize_ub"):
