@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -263,7 +264,7 @@ class UbConfig:
         * ``method``: ``"ring_exchange"`` -> ``RING_AG`` on an all-gather GEMM name, and
           ``PIPELINE_RS`` (with a warning: overlap's one GEMM+RS) on a reduce-scatter one;
           ``"pipeline"`` -> ``PIPELINE_RS`` (reduce-scatter names only); ``"bulk"`` ->
-          ``BULK_AG`` on dgrad, ``BULK_RS`` on wgrad (not overlapped: NOTE [ub wgrad]).
+          ``BULK_AG`` on fprop/dgrad, ``BULK_RS`` on wgrad (not overlapped: NOTE [ub wgrad]).
         * ``fp8_buf`` -> ``fp8``.
         * ``atomic_gemm``: only ``False`` (overlap has no atomic GEMM).
         * ``num_sm``, ``cga_size``, ``set_sm_margin``, ``num_splits``, ``use_ce``,
@@ -300,11 +301,9 @@ class UbConfig:
                 raise ConfigError(f"ub_cfgs[{name!r}].fp8_buf: {fp8!r} must be True or False")
             gemms[name] = GemmOverlapConfig(method=method, fp8=fp8)
         if ignored:
-            warnings.warn(
+            _warn(
                 f"ub_cfgs keys without an equivalent in overlap (its all-gather uses the copy "
-                f"engines, not SMs), not applied: {ignored}",
-                UserWarning,
-                stacklevel=2,
+                f"engines, not SMs), not applied: {ignored}"
             )
         return cls(tokens=tokens, hidden=hidden, gemms=gemms, **kwargs)
 
@@ -323,6 +322,15 @@ _TE_NO_EQUIVALENT = frozenset(
 )
 
 
+def _warn(message: str) -> None:
+    """A UserWarning attributed to the first caller outside this module (from_te_dict and
+    initialize_ub both convert TE dicts)."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
 def _te_method(name: str, method: object) -> OverlapMethod | None:
     if method is None:
         return None
@@ -336,11 +344,9 @@ def _te_method(name: str, method: object) -> OverlapMethod | None:
                 f"{name} all-gathers; allowed: ['ring_exchange', 'bulk']"
             )
         if method == "ring_exchange" and direction is OverlapMethod.PIPELINE_RS:
-            warnings.warn(
+            _warn(
                 f"ub_cfgs[{name!r}]: 'ring_exchange' reduce-scatter maps to overlap's "
-                "pipelined GEMM+RS (PIPELINE_RS)",
-                UserWarning,
-                stacklevel=3,
+                "pipelined GEMM+RS (PIPELINE_RS)"
             )
         return direction
     allowed = ["bulk"] if direction is None else ["ring_exchange", "pipeline", "bulk"]

@@ -291,7 +291,10 @@ def test_init_rejects_before_anything_collective() -> None:
 
 
 def test_te_dict_through_initialize_ub() -> None:
-    ub = init(ub_cfgs={"qkv_fprop": {"method": "ring_exchange", "fp8_buf": True}})
+    te = {"qkv_fprop": {"method": "ring_exchange", "fp8_buf": True, "num_sm": 4}}
+    with pytest.warns(UserWarning, match="not applied") as record:
+        ub = init(ub_cfgs=te)
+    assert record[0].filename == __file__  # attributed to the caller of initialize_ub
     assert ub.get("qkv_fprop").dtype == torch.float8_e4m3fn
     assert ub.config.gemms["proj_fprop"].method is M.PIPELINE_RS
 
