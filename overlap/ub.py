@@ -356,6 +356,15 @@ def _te_method(name: str, method: object) -> OverlapMethod | None:
 # ---- the handle ------------------------------------------------------------------------------
 
 
+def _check_tp(config: UbConfig, tp: int) -> None:
+    """What the ops need of the TP size: the tokens split evenly over the ranks."""
+    if config.tokens % tp:
+        raise ConfigError(
+            f"UbConfig.tokens: {config.tokens} is not divisible by the TP size {tp} "
+            "(sequence parallelism splits the tokens evenly; pad them)"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class _BufferUse:
     """One shared buffer and the GEMM names that run on it."""
@@ -386,12 +395,11 @@ class Userbuffers:
         self.config = config
         self.comm = comm
         self.tp = comm.group.size
-        if config.tokens % self.tp:
+        try:
+            _check_tp(config, self.tp)
+        except ConfigError:
             comm.destroy()
-            raise ConfigError(
-                f"UbConfig.tokens: {config.tokens} is not divisible by the TP size {self.tp} "
-                "(sequence parallelism splits the tokens evenly; pad them)"
-            )
+            raise
         dtype = getattr(torch, config.dtype)
         fp8_dtype = getattr(torch, config.fp8_dtype)
         self._ops: dict[str, AllGatherGemm | GemmReduceScatter] = {}
@@ -617,6 +625,7 @@ def initialize_ub(
     if transport is None:
         transport = "cuda" if _cuda_usable() else "host"
     bootstrap = _bootstrap(tp_group, mesh_dim)
+    _check_tp(config, bootstrap.size)  # before anything collective
     comm = Communicator(bootstrap, transport, timeout_s=config.timeout_s, device=device)
     handle = Userbuffers(config, comm)
     if register:
