@@ -22,6 +22,7 @@ from overlap.errors import (
     SystemResourceError,
     UnsupportedHardwareError,
 )
+from overlap.ub import destroy_ub, get_ub, initialize_ub
 
 __all__ = [
     "BootstrapError",
@@ -36,5 +37,8 @@ __all__ = [
     "__version__",
     "build_info",
     "cuda_available",
+    "destroy_ub",
+    "get_ub",
+    "initialize_ub",
     "require_cuda",
 ]

@@ -10,6 +10,8 @@ from overlap.quantization import QuantizedTensor, ScalingMode
 if TYPE_CHECKING:
     import torch
 
+    from overlap.comm import SymmetricBuffer
+
 # A bfloat16/float16/float32 tensor, or a QuantizedTensor with rowwise per-tensor FP8 data.
 Operand = Union["torch.Tensor", QuantizedTensor]
 
@@ -95,6 +97,16 @@ def check_sizes(op: str, tp: int, max_tokens: int, features: tuple[str, int], la
         )
     if not 1 <= lanes <= 4:
         raise InvalidArgumentError(f"{op}: compute_lanes must be 1..4, got {lanes}")
+
+
+def check_given_buffer(op: str, buffer: SymmetricBuffer, tp: int, nbytes: int) -> None:
+    """A symmetric buffer an op runs on: live, of the op's group size, large enough."""
+    if buffer.destroyed or buffer.size != tp or buffer.nbytes < nbytes:
+        raise InvalidArgumentError(
+            f"{op}: buffer {buffer.name!r} ({buffer.nbytes} bytes, group size {buffer.size}"
+            f"{', destroyed' if buffer.destroyed else ''}) cannot hold this op: it needs a live "
+            f"buffer of >= {nbytes} bytes over {tp} ranks"
+        )
 
 
 def prepare(

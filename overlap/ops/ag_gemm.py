@@ -21,6 +21,7 @@ from overlap._native import native
 from overlap.errors import InvalidArgumentError, StateError
 from overlap.ops._operands import (
     Operand,
+    check_given_buffer,
     check_sizes,
     gemm_kwargs,
     is_fp8,
@@ -32,7 +33,7 @@ from overlap.quantization import DirectionFormat, QuantizedTensor
 if TYPE_CHECKING:
     import torch
 
-    from overlap.comm import Communicator
+    from overlap.comm import Communicator, SymmetricBuffer
 
 __all__ = ["AllGatherGemm"]
 
@@ -53,10 +54,28 @@ class AllGatherGemm:
         staggered_puts: push the shard to one peer after the other instead of to all at once
             (the first peer chunk lands sooner; NOTE [ag_gemm schedule]). Same result.
         name: the buffer's name (error messages).
+        buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
+            least :meth:`buffer_bytes` bytes; see NOTE [shared op buffers]).
 
     Construction is COLLECTIVE over the group (it creates the op's symmetric buffer). The
-    object owns the buffer: :meth:`destroy` frees it.
+    object owns the buffer it created: :meth:`destroy` frees it.
+
+    NOTE [shared op buffers]: ops that never run concurrently (e.g. the AG+GEMMs of one
+    transformer layer, which run one after another) may share one buffer given as
+    ``buffer=``. The op then does not own it (:meth:`destroy` leaves it alone), and the
+    buffer's contents (:meth:`gathered_input`) are only defined until the next op of ANY
+    object on that buffer.
     """
+
+    @staticmethod
+    def buffer_bytes(tp: int, max_tokens: int, in_features: int, dtype: torch.dtype) -> int:
+        """Bytes per rank of the buffer an op of these arguments needs."""
+        import torch
+
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        shard_bytes = -(-int(max_tokens) // tp) * int(in_features) * itemsize
+        _, nbytes = native().comm_ops.ag_gemm_layout(tp, shard_bytes, is_fp8(dtype))
+        return int(nbytes)
 
     def __init__(
         self,
@@ -68,9 +87,8 @@ class AllGatherGemm:
         compute_lanes: int = 2,
         staggered_puts: bool = False,
         name: str = "ag_gemm",
+        buffer: SymmetricBuffer | None = None,
     ) -> None:
-        import torch
-
         tp = comm.group.size
         check_sizes(_OP, tp, max_tokens, ("in_features", in_features), compute_lanes)
         self.tp = tp
@@ -80,10 +98,10 @@ class AllGatherGemm:
         self.compute_lanes = int(compute_lanes)
         self.staggered_puts = bool(staggered_puts)
         self.device = op_device(comm)
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        shard_bytes = -(-self.max_tokens // tp) * self.in_features * itemsize
-        _, nbytes = native().comm_ops.ag_gemm_layout(tp, shard_bytes, is_fp8(dtype))
-        self.buffer = comm.create_buffer(int(nbytes), name)
+        nbytes = self.buffer_bytes(tp, self.max_tokens, self.in_features, dtype)
+        self._owns_buffer = buffer is None
+        self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
+        check_given_buffer(_OP, self.buffer, tp, nbytes)
         self._last: tuple[int, torch.dtype, DirectionFormat | None] | None = None
 
     def __call__(
@@ -226,5 +244,7 @@ class AllGatherGemm:
         return self.buffer.view(torch.float32, (self.tp, 4), offset=int(scale_offset))[:, 0]
 
     def destroy(self) -> None:
-        """Free the buffer. Idempotent; not collective."""
-        self.buffer.destroy()
+        """Free the buffer if the op created it (not a ``buffer=`` given to it). Idempotent;
+        not collective."""
+        if self._owns_buffer:
+            self.buffer.destroy()

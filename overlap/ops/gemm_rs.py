@@ -21,6 +21,7 @@ from overlap.errors import InvalidArgumentError
 from overlap.ops._operands import (
     HIGH_PRECISION,
     Operand,
+    check_given_buffer,
     check_sizes,
     gemm_kwargs,
     is_fp8,
@@ -31,7 +32,7 @@ from overlap.ops._operands import (
 if TYPE_CHECKING:
     import torch
 
-    from overlap.comm import Communicator
+    from overlap.comm import Communicator, SymmetricBuffer
 
 __all__ = ["GemmReduceScatter", "partial_dtype"]
 
@@ -58,10 +59,23 @@ class GemmReduceScatter:
             and thus each transfer, earliest).
         reduce_max_blocks: bound on the reduction kernel's grid (0: fill the GPU).
         name: the buffer's name (error messages).
+        buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
+            least :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in
+            :mod:`overlap.ops.ag_gemm`).
 
     Construction is COLLECTIVE (it creates the op's symmetric buffer); :meth:`destroy`
-    frees it.
+    frees the buffer it created (never a given one).
     """
+
+    @staticmethod
+    def buffer_bytes(tp: int, max_tokens: int, out_features: int, out_dtype: torch.dtype) -> int:
+        """Bytes per rank of the buffer an op of these arguments needs."""
+        import torch
+
+        itemsize = torch.empty((), dtype=partial_dtype(out_dtype)).element_size()
+        partial_bytes = (int(max_tokens) // tp) * int(out_features) * itemsize
+        _, _, nbytes = native().comm_ops.gemm_rs_layout(tp, partial_bytes)
+        return int(nbytes)
 
     def __init__(
         self,
@@ -73,9 +87,8 @@ class GemmReduceScatter:
         compute_lanes: int = 1,
         reduce_max_blocks: int = 0,
         name: str = "gemm_rs",
+        buffer: SymmetricBuffer | None = None,
     ) -> None:
-        import torch
-
         tp = comm.group.size
         check_sizes(_OP, tp, max_tokens, ("out_features", out_features), compute_lanes)
         if str(out_dtype) not in HIGH_PRECISION and not is_fp8(out_dtype):
@@ -89,10 +102,10 @@ class GemmReduceScatter:
         self.compute_lanes = int(compute_lanes)
         self.reduce_max_blocks = int(reduce_max_blocks)
         self.device = op_device(comm)
-        itemsize = torch.empty((), dtype=partial_dtype(out_dtype)).element_size()
-        partial_bytes = (self.max_tokens // tp) * self.out_features * itemsize
-        _, _, nbytes = native().comm_ops.gemm_rs_layout(tp, partial_bytes)
-        self.buffer = comm.create_buffer(int(nbytes), name)
+        nbytes = self.buffer_bytes(tp, self.max_tokens, self.out_features, out_dtype)
+        self._owns_buffer = buffer is None
+        self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
+        check_given_buffer(_OP, self.buffer, tp, nbytes)
 
     def __call__(
         self,
@@ -176,5 +189,7 @@ class GemmReduceScatter:
         return out
 
     def destroy(self) -> None:
-        """Free the buffer. Idempotent; not collective."""
-        self.buffer.destroy()
+        """Free the buffer if the op created it (not a ``buffer=`` given to it). Idempotent;
+        not collective."""
+        if self._owns_buffer:
+            self.buffer.destroy()

@@ -1,0 +1,701 @@
+"""Userbuffers set-up for a transformer layer: ``initialize_ub`` / ``get_ub`` / ``destroy_ub``.
+
+One call builds the communicator of the TP group, the symmetric buffers and the overlap op
+objects of the standard GEMM names (``qkv``/``proj``/``fc1``/``fc2`` x ``fprop``/``dgrad``/
+``wgrad``), from a typed configuration (:class:`UbConfig`, :class:`GemmOverlapConfig`) that is
+validated before anything collective happens. A TransformerEngine-style ``ub_cfgs`` dict is
+converted by :meth:`UbConfig.from_te_dict`.
+
+Shapes, with ``T`` the global token count (sequence x micro-batch), ``H`` the hidden size and
+``tp`` the TP size (sequence parallelism: a rank holds ``T / tp`` rows of the residual stream):
+
+* an AG+GEMM (``RING_AG``) gathers a ``[T / tp, H]`` shard into ``[T, H]``: qkv/fc1 fprop
+  (the layer-norm output) and proj/fc2 dgrad (the output gradient);
+* a GEMM+RS (``PIPELINE_RS``) reduce-scatters ``[T, H]`` partial sums into ``[T / tp, H]``:
+  proj/fc2 fprop and qkv/fc1 dgrad.
+
+Every buffer is sized by ``T`` and ``H`` alone (the other GEMM dimension, ``3H / tp`` or
+``ffn / tp``, is the weight's and is given at call time), so the layer's FFN and QKV widths
+are not part of the configuration.
+
+NOTE [ub buffer sharing]: the ops of one kind (all AG+GEMMs, all GEMM+RSs) of a layer run one
+after another, never concurrently, so they share one buffer per (kind, buffer dtype,
+put_split): every AG+GEMM of a bf16 layer runs on one buffer, every GEMM+RS on another. A
+gathered input (``AllGatherGemm.gathered_input``) is therefore only defined until the next op
+of any GEMM name of that kind; never save it for backward (DESIGN.md invariant 2).
+
+NOTE [ub wgrad]: overlap has no bulk (standalone collective next to an unrelated GEMM) op
+yet. ``BULK_AG``/``BULK_RS`` entries (the wgrad defaults, and TE's ``"bulk"``) are kept in the
+configuration and reported as "not overlapped": they get no op object and no buffer, and
+:meth:`Userbuffers.get` raises for them. Run such a GEMM and its collective unoverlapped.
+
+NOTE [ub environment]: unlike TE's userbuffers, nothing here needs
+``CUDA_DEVICE_MAX_CONNECTIONS=1``: the all-gather runs on the copy engines and the reduction
+kernel is launched after its chunk's GEMM on the same stream, so no communication kernel has
+to become resident beside a GEMM that fills the GPU. :func:`initialize_ub` checks what the ops
+do need (tokens divisible by the TP size, a CUDA device for the cuda transport).
+
+The module-level default registry (:func:`initialize_ub` stores the handle it returns,
+:func:`get_ub` and :func:`destroy_ub` use it) is a convenience for scripts; layers should take
+the :class:`Userbuffers` handle explicitly (DESIGN.md section 8). Only one default handle
+exists at a time; ``initialize_ub(..., register=False)`` builds a handle outside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from overlap.errors import ConfigError, StateError
+
+if TYPE_CHECKING:
+    import torch
+
+    from overlap.comm import Bootstrap, Communicator, SymmetricBuffer
+    from overlap.ops import AllGatherGemm, GemmReduceScatter
+
+__all__ = [
+    "GEMM_NAMES",
+    "GemmOverlapConfig",
+    "OverlapMethod",
+    "UbConfig",
+    "Userbuffers",
+    "default_method",
+    "destroy_ub",
+    "get_ub",
+    "initialize_ub",
+]
+
+LAYERS = ("qkv", "proj", "fc1", "fc2")
+PASSES = ("fprop", "dgrad", "wgrad")
+GEMM_NAMES: tuple[str, ...] = tuple(f"{layer}_{p}" for layer in LAYERS for p in PASSES)
+
+_DTYPES = ("bfloat16", "float16", "float32")
+_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+class OverlapMethod(enum.Enum):
+    """How a GEMM's TP communication is overlapped."""
+
+    RING_AG = "ring_ag"  # AllGatherGemm: gather the input while the GEMM consumes it
+    PIPELINE_RS = "pipeline_rs"  # GemmReduceScatter: reduce-scatter while the GEMM computes
+    BULK_AG = "bulk_ag"  # not implemented: reported as not overlapped (NOTE [ub wgrad])
+    BULK_RS = "bulk_rs"  # not implemented: reported as not overlapped
+    NONE = "none"  # not overlapped
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether overlap builds an op object for this method."""
+        return self in (OverlapMethod.RING_AG, OverlapMethod.PIPELINE_RS)
+
+
+def _direction(name: str) -> OverlapMethod | None:
+    """The pipelined method a GEMM name's communication fits (None: wgrad)."""
+    layer, pass_ = name.split("_")
+    if pass_ == "wgrad":
+        return None
+    gathers = (layer in ("qkv", "fc1")) == (pass_ == "fprop")
+    return OverlapMethod.RING_AG if gathers else OverlapMethod.PIPELINE_RS
+
+
+def default_method(name: str) -> OverlapMethod:
+    """The default method of a standard GEMM name: fprop of qkv/fc1 and dgrad of proj/fc2 are
+    ``RING_AG``; fprop of proj/fc2 and dgrad of qkv/fc1 are ``PIPELINE_RS``; wgrad is
+    ``BULK_RS`` for qkv/fc1 (TE's layout) and ``NONE`` for proj/fc2 (no collective)."""
+    _check_name(name)
+    direction = _direction(name)
+    if direction is not None:
+        return direction
+    gathered_input = name.split("_", maxsplit=1)[0] in ("qkv", "fc1")
+    return OverlapMethod.BULK_RS if gathered_input else OverlapMethod.NONE
+
+
+def _check_name(name: object) -> None:
+    if name not in GEMM_NAMES:
+        raise ConfigError(f"unknown GEMM name {name!r}; valid names: {list(GEMM_NAMES)}")
+
+
+def _allowed(name: str) -> list[OverlapMethod]:
+    direction = _direction(name)
+    bulk = [OverlapMethod.BULK_AG, OverlapMethod.BULK_RS, OverlapMethod.NONE]
+    return bulk if direction is None else [direction, *bulk]
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmOverlapConfig:
+    """How one GEMM name is overlapped. Validated at construction (:class:`ConfigError`).
+
+    Attributes:
+        method: the overlap method (``None``: the GEMM name's default, filled in by
+            :class:`UbConfig`).
+        compute_lanes: streams the chunk GEMMs alternate over, 1..4 (default: 2 for
+            ``RING_AG``, 1 for ``PIPELINE_RS``, the ops' defaults).
+        put_split: copies carrying one shard to one peer in an all-gather, 1..8 (``RING_AG``
+            only; a property of the shared buffer, so names with different values get
+            different buffers).
+        staggered_puts: push the shard to one peer after the other (``RING_AG`` only).
+        reduce_max_blocks: bound on the reduction kernel's grid, 0 = fill the GPU
+            (``PIPELINE_RS`` only).
+        fp8: the GEMM's input travels in FP8 (``RING_AG``: the buffer holds FP8 shards and
+            their scale_inv; ``PIPELINE_RS``: FP8 operands, the partial sums still travel in
+            the layer's dtype, so the buffer is the same).
+    """
+
+    method: OverlapMethod | None = None
+    compute_lanes: int | None = None
+    put_split: int = 1
+    staggered_puts: bool = False
+    reduce_max_blocks: int = 0
+    fp8: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method is not None and not isinstance(self.method, OverlapMethod):
+            try:
+                object.__setattr__(self, "method", OverlapMethod(self.method))
+            except ValueError:
+                raise ConfigError(
+                    f"GemmOverlapConfig.method: {self.method!r} is not one of "
+                    f"{[m.value for m in OverlapMethod]}"
+                ) from None
+        _check_int("GemmOverlapConfig.compute_lanes", self.compute_lanes, 1, 4, optional=True)
+        _check_int("GemmOverlapConfig.put_split", self.put_split, 1, 8)
+        _check_int("GemmOverlapConfig.reduce_max_blocks", self.reduce_max_blocks, 0, None)
+        for field in ("staggered_puts", "fp8"):
+            if not isinstance(getattr(self, field), bool):
+                raise ConfigError(
+                    f"GemmOverlapConfig.{field}: {getattr(self, field)!r} must be True or False"
+                )
+
+    @property
+    def lanes(self) -> int:
+        """``compute_lanes`` with the op's default filled in."""
+        if self.compute_lanes is not None:
+            return self.compute_lanes
+        return 1 if self.method is OverlapMethod.PIPELINE_RS else 2
+
+
+def _check_int(field: str, value: object, lo: int, hi: int | None, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo
+    if not ok or (hi is not None and value > hi):  # type: ignore[operator]
+        allowed = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{field}: {value!r} is not an int in {allowed}")
+
+
+def _dtype_name(field: str, value: object, allowed: tuple[str, ...]) -> str:
+    name = str(value).removeprefix("torch.")
+    if name not in allowed:
+        raise ConfigError(f"{field}: {value!r} is not one of {list(allowed)}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class UbConfig:
+    """The userbuffers configuration of one TP group. Validated at construction.
+
+    Attributes:
+        tokens: ``T``, the global token count (sequence x micro-batch) of the largest call;
+            must be divisible by the TP size (checked by :func:`initialize_ub`).
+        hidden: ``H``, the hidden size.
+        dtype: the activations' dtype: ``"bfloat16"``/``"float16"``/``"float32"`` or the
+            torch dtype (stored as its name).
+        fp8_dtype: the FP8 dtype of ``fp8`` GEMMs' inputs (``"float8_e4m3fn"`` or
+            ``"float8_e5m2"``).
+        timeout_s: deadline of every wait (``None``: ``OVERLAP_TIMEOUT_S``).
+        gemms: per-GEMM settings; a missing name gets its default method
+            (:func:`default_method`). After construction every standard name is present with
+            a concrete method.
+    """
+
+    tokens: int
+    hidden: int
+    dtype: Any = "bfloat16"
+    fp8_dtype: Any = "float8_e4m3fn"
+    timeout_s: float | None = None
+    gemms: Mapping[str, GemmOverlapConfig] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_int("UbConfig.tokens", self.tokens, 1, None)
+        _check_int("UbConfig.hidden", self.hidden, 1, None)
+        object.__setattr__(self, "dtype", _dtype_name("UbConfig.dtype", self.dtype, _DTYPES))
+        object.__setattr__(
+            self, "fp8_dtype", _dtype_name("UbConfig.fp8_dtype", self.fp8_dtype, _FP8_DTYPES)
+        )
+        if self.timeout_s is not None and not (
+            isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0
+        ):
+            raise ConfigError(f"UbConfig.timeout_s: {self.timeout_s!r} must be > 0 or None")
+        if not isinstance(self.gemms, Mapping):
+            raise ConfigError(f"UbConfig.gemms: expected a mapping, got {type(self.gemms)}")
+        full: dict[str, GemmOverlapConfig] = {}
+        for name, cfg in self.gemms.items():
+            _check_name(name)
+            if not isinstance(cfg, GemmOverlapConfig):
+                raise ConfigError(
+                    f"UbConfig.gemms[{name!r}]: expected a GemmOverlapConfig, got {cfg!r}"
+                )
+            full[name] = cfg
+        for name in GEMM_NAMES:
+            cfg = full.get(name, GemmOverlapConfig())
+            if cfg.method is None:
+                cfg = dataclasses.replace(cfg, method=default_method(name))
+            if cfg.method not in _allowed(name):
+                raise ConfigError(
+                    f"UbConfig.gemms[{name!r}].method: {cfg.method.value!r} does not fit "
+                    f"{name}'s communication; allowed: {[m.value for m in _allowed(name)]}"
+                )
+            full[name] = cfg
+        object.__setattr__(self, "gemms", {n: full[n] for n in GEMM_NAMES})
+
+    @classmethod
+    def from_te_dict(
+        cls, te_cfgs: Mapping[str, Mapping[str, Any]], *, tokens: int, hidden: int, **kwargs: Any
+    ) -> UbConfig:
+        """Convert a TransformerEngine ``ub_cfgs`` dict (``{"qkv_fprop": {"method":
+        "ring_exchange", ...}, ...}``). Other :class:`UbConfig` fields come as keywords.
+
+        Mapping of the values' keys:
+
+        * ``method``: ``"ring_exchange"`` -> ``RING_AG`` on an all-gather GEMM name, and
+          ``PIPELINE_RS`` (with a warning: overlap's one GEMM+RS) on a reduce-scatter one;
+          ``"pipeline"`` -> ``PIPELINE_RS`` (reduce-scatter names only); ``"bulk"`` ->
+          ``BULK_AG`` on fprop/dgrad, ``BULK_RS`` on wgrad (not overlapped: NOTE [ub wgrad]).
+        * ``fp8_buf`` -> ``fp8``.
+        * ``atomic_gemm``: only ``False`` (overlap has no atomic GEMM).
+        * ``num_sm``, ``cga_size``, ``set_sm_margin``, ``num_splits``, ``use_ce``,
+          ``aggregate``, ``pipeline_rs_overlap_first_gemm``: tune TE's SM-based
+          communication kernels and have no equivalent (overlap's all-gather runs on the copy
+          engines and its chunks are one per rank): one ``UserWarning`` names those given.
+        * any other key, or an unknown GEMM name: :class:`ConfigError`.
+        """
+        if not isinstance(te_cfgs, Mapping):
+            raise ConfigError(f"ub_cfgs: expected a dict, got {type(te_cfgs).__name__}")
+        gemms: dict[str, GemmOverlapConfig] = {}
+        ignored: dict[str, list[str]] = {}
+        for name, entry in te_cfgs.items():
+            _check_name(name)
+            if not isinstance(entry, Mapping):
+                raise ConfigError(f"ub_cfgs[{name!r}]: expected a dict, got {entry!r}")
+            unknown = set(entry) - _TE_KEYS - _TE_NO_EQUIVALENT
+            if unknown:
+                raise ConfigError(
+                    f"ub_cfgs[{name!r}]: unknown keys {sorted(unknown)}; known: "
+                    f"{sorted(_TE_KEYS | _TE_NO_EQUIVALENT)}"
+                )
+            if entry.get("atomic_gemm", False):
+                raise ConfigError(
+                    f"ub_cfgs[{name!r}].atomic_gemm: True is not supported (overlap has no "
+                    "atomic GEMM); allowed: False"
+                )
+            given = sorted(set(entry) & _TE_NO_EQUIVALENT)
+            if given:
+                ignored[name] = given
+            method = _te_method(name, entry.get("method"))
+            fp8 = entry.get("fp8_buf", False)
+            if not isinstance(fp8, bool):
+                raise ConfigError(f"ub_cfgs[{name!r}].fp8_buf: {fp8!r} must be True or False")
+            gemms[name] = GemmOverlapConfig(method=method, fp8=fp8)
+        if ignored:
+            _warn(
+                f"ub_cfgs keys without an equivalent in overlap (its all-gather uses the copy "
+                f"engines, not SMs), not applied: {ignored}"
+            )
+        return cls(tokens=tokens, hidden=hidden, gemms=gemms, **kwargs)
+
+
+_TE_KEYS = frozenset({"method", "fp8_buf", "atomic_gemm"})
+_TE_NO_EQUIVALENT = frozenset(
+    {
+        "num_sm",
+        "cga_size",
+        "set_sm_margin",
+        "num_splits",
+        "use_ce",
+        "aggregate",
+        "pipeline_rs_overlap_first_gemm",
+    }
+)
+
+
+def _warn(message: str) -> None:
+    """A UserWarning attributed to the first caller outside this module (from_te_dict and
+    initialize_ub both convert TE dicts)."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
+def _te_method(name: str, method: object) -> OverlapMethod | None:
+    if method is None:
+        return None
+    direction = _direction(name)
+    if method == "bulk":
+        return OverlapMethod.BULK_RS if direction is None else OverlapMethod.BULK_AG
+    if method in ("ring_exchange", "pipeline") and direction is not None:
+        if method == "pipeline" and direction is OverlapMethod.RING_AG:
+            raise ConfigError(
+                f"ub_cfgs[{name!r}].method: 'pipeline' is a reduce-scatter overlap and "
+                f"{name} all-gathers; allowed: ['ring_exchange', 'bulk']"
+            )
+        if method == "ring_exchange" and direction is OverlapMethod.PIPELINE_RS:
+            _warn(
+                f"ub_cfgs[{name!r}]: 'ring_exchange' reduce-scatter maps to overlap's "
+                "pipelined GEMM+RS (PIPELINE_RS)"
+            )
+        return direction
+    allowed = ["bulk"] if direction is None else ["ring_exchange", "pipeline", "bulk"]
+    raise ConfigError(f"ub_cfgs[{name!r}].method: {method!r} is not one of {allowed}")
+
+
+# ---- the handle ------------------------------------------------------------------------------
+
+
+def _check_tp(config: UbConfig, tp: int) -> None:
+    """What the ops need of the TP size: the tokens split evenly over the ranks."""
+    if config.tokens % tp:
+        raise ConfigError(
+            f"UbConfig.tokens: {config.tokens} is not divisible by the TP size {tp} "
+            "(sequence parallelism splits the tokens evenly; pad them)"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _BufferUse:
+    """One shared buffer and the GEMM names that run on it."""
+
+    kind: OverlapMethod
+    dtype: str
+    put_split: int
+    nbytes: int
+    names: tuple[str, ...]
+
+
+class Userbuffers:
+    """The overlap ops of one TP group, built by :func:`initialize_ub`.
+
+    Attributes:
+        config: the validated :class:`UbConfig`.
+        comm: the TP group's :class:`~overlap.comm.Communicator`.
+        tp: the TP size.
+    """
+
+    def __init__(self, config: UbConfig, comm: Communicator) -> None:
+        """COLLECTIVE over ``comm``'s group: create the shared buffers and the op objects.
+        Takes ownership of ``comm`` (:meth:`destroy` destroys it)."""
+        import torch
+
+        from overlap.ops import AllGatherGemm, GemmReduceScatter
+
+        self.config = config
+        self.comm = comm
+        self.tp = comm.group.size
+        try:
+            _check_tp(config, self.tp)
+        except ConfigError:
+            comm.destroy()
+            raise
+        dtype = getattr(torch, config.dtype)
+        fp8_dtype = getattr(torch, config.fp8_dtype)
+        self._ops: dict[str, AllGatherGemm | GemmReduceScatter] = {}
+        self._uses: list[_BufferUse] = []
+        groups: dict[tuple[OverlapMethod, str, int], list[str]] = {}
+        for name, cfg in config.gemms.items():
+            if not cfg.method.overlapped:  # type: ignore[union-attr]
+                continue
+            ag = cfg.method is OverlapMethod.RING_AG
+            buf_dtype = fp8_dtype if (ag and cfg.fp8) else dtype
+            split = cfg.put_split if ag else 1
+            key = (cfg.method, str(buf_dtype).removeprefix("torch."), split)
+            groups.setdefault(key, []).append(name)  # type: ignore[arg-type]
+        try:
+            for (kind, dtype_name, split), names in groups.items():
+                buf_dtype = getattr(torch, dtype_name)
+                op_cls = AllGatherGemm if kind is OverlapMethod.RING_AG else GemmReduceScatter
+                nbytes = op_cls.buffer_bytes(self.tp, config.tokens, config.hidden, buf_dtype)
+                buffer = comm.create_buffer(nbytes, f"ub_{kind.value}_{dtype_name}_{split}")
+                if kind is OverlapMethod.RING_AG:
+                    buffer.put_split = split
+                self._uses.append(_BufferUse(kind, dtype_name, split, nbytes, tuple(names)))
+                for name in names:
+                    self._ops[name] = self._make_op(name, buffer, buf_dtype)
+        except BaseException:
+            comm.destroy()
+            raise
+        self._destroyed = False
+
+    def _make_op(
+        self, name: str, buffer: SymmetricBuffer, buf_dtype: torch.dtype
+    ) -> AllGatherGemm | GemmReduceScatter:
+        from overlap.ops import AllGatherGemm, GemmReduceScatter
+
+        cfg = self.config.gemms[name]
+        args = (self.comm, self.config.tokens, self.config.hidden, buf_dtype)
+        if cfg.method is OverlapMethod.RING_AG:
+            return AllGatherGemm(
+                *args,
+                compute_lanes=cfg.lanes,
+                staggered_puts=cfg.staggered_puts,
+                name=name,
+                buffer=buffer,
+            )
+        return GemmReduceScatter(
+            *args,
+            compute_lanes=cfg.lanes,
+            reduce_max_blocks=cfg.reduce_max_blocks,
+            name=name,
+            buffer=buffer,
+        )
+
+    @property
+    def destroyed(self) -> bool:
+        return self._destroyed
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of symmetric buffers this rank allocated (the same on every rank)."""
+        return sum(u.nbytes for u in self._uses)
+
+    def is_overlapped(self, name: str) -> bool:
+        """Whether ``name`` has an overlap op (False for bulk/none methods)."""
+        _check_name(name)
+        return name in self._ops
+
+    def get(self, name: str) -> AllGatherGemm | GemmReduceScatter:
+        """The op object of GEMM ``name`` (``"qkv_fprop"``...).
+
+        Raises:
+            StateError: after :meth:`destroy`.
+            ConfigError: an unknown name (the message lists the valid ones), or a name whose
+                method is not overlapped (bulk or none; NOTE [ub wgrad]).
+        """
+        if self._destroyed:
+            raise StateError(f"userbuffers: get({name!r}) after destroy")
+        _check_name(name)
+        if name not in self._ops:
+            method = self.config.gemms[name].method
+            raise ConfigError(
+                f"userbuffers: {name} is not overlapped (method {method.value}"  # type: ignore[union-attr]
+                + (
+                    ", which overlap does not implement yet"
+                    if method is not OverlapMethod.NONE
+                    else ""
+                )
+                + "): run its GEMM and collective separately"
+            )
+        return self._ops[name]
+
+    def describe(self) -> str:
+        """A table of every GEMM name's method and buffer, and the total bytes per rank."""
+        buffer_of = {n: i for i, u in enumerate(self._uses) for n in u.names}
+        lines = [
+            f"userbuffers: tp={self.tp} tokens={self.config.tokens} hidden={self.config.hidden} "
+            f"dtype={self.config.dtype} transport={self.comm.transport.value}",
+            f"{'gemm':<11} {'method':<12} {'fp8':<5} {'lanes':<5} buffer",
+        ]
+        for name, cfg in self.config.gemms.items():
+            method = cfg.method.value  # type: ignore[union-attr]
+            if name in buffer_of:
+                where = f"#{buffer_of[name]}"
+                lanes = str(cfg.lanes)
+            else:
+                where, lanes = "not overlapped", "-"
+            lines.append(f"{name:<11} {method:<12} {cfg.fp8!s:<5} {lanes:<5} {where}")
+        for i, u in enumerate(self._uses):
+            lines.append(
+                f"buffer #{i}: {u.kind.value} {u.dtype} put_split={u.put_split} "
+                f"{u.nbytes} bytes, shared by {', '.join(u.names)}"
+            )
+        lines.append(f"total: {self.total_bytes} bytes per rank")
+        return "\n".join(lines)
+
+    def destroy(self) -> None:
+        """Free every buffer and the communicator. Idempotent; not collective."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._ops.clear()
+        self.comm.destroy()
+
+    def __enter__(self) -> Userbuffers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+# ---- TP group resolution and the default registry --------------------------------------------
+
+
+def _bootstrap(tp_group: Any, mesh_dim: int | str | None) -> Bootstrap:
+    """A Bootstrap for a Bootstrap, a torch ProcessGroup, a DeviceMesh (dimension
+    ``mesh_dim``), or an mpi4py communicator."""
+    from overlap.comm import Bootstrap, MPIBootstrap, TorchBootstrap
+
+    if isinstance(tp_group, Bootstrap):
+        return tp_group
+    if hasattr(tp_group, "get_group") and hasattr(tp_group, "mesh"):  # DeviceMesh
+        if mesh_dim is None and tp_group.ndim != 1:
+            raise ConfigError(
+                f"tp_group: a {tp_group.ndim}-D DeviceMesh needs mesh_dim= (its TP dimension; "
+                f"names: {tp_group.mesh_dim_names})"
+            )
+        return TorchBootstrap(tp_group.get_group(mesh_dim if mesh_dim is not None else 0))
+    if mesh_dim is not None:
+        raise ConfigError("mesh_dim= is only meaningful with a DeviceMesh tp_group")
+    if hasattr(tp_group, "Get_rank") and hasattr(tp_group, "Split"):  # mpi4py
+        return MPIBootstrap(tp_group)
+    try:
+        import torch.distributed as dist
+
+        if isinstance(tp_group, dist.ProcessGroup):
+            return TorchBootstrap(tp_group)
+    except ImportError:
+        pass
+    raise ConfigError(
+        f"tp_group: {type(tp_group).__name__} is not a torch ProcessGroup, a DeviceMesh, an "
+        "mpi4py communicator or an overlap.comm.Bootstrap"
+    )
+
+
+# The default registry: at most one handle, under the key "default".
+_REGISTRY: dict[str, Userbuffers] = {}
+
+
+def initialize_ub(
+    shape: tuple[int, int],
+    tp_group: Any,
+    dtype: Any = "bfloat16",
+    *,
+    use_fp8: bool = False,
+    fp8_dtype: Any = "float8_e4m3fn",
+    ub_cfgs: UbConfig | Mapping[str, Any] | None = None,
+    transport: str | None = None,
+    timeout_s: float | None = None,
+    device: int | None = None,
+    mesh_dim: int | str | None = None,
+    register: bool = True,
+) -> Userbuffers:
+    """COLLECTIVE over the TP group: build the userbuffers of a transformer layer.
+
+    Args:
+        shape: ``(tokens, hidden)``: the global ``[T, H]`` of the largest call (``T``
+            divisible by the TP size).
+        tp_group: the TP group: a torch ProcessGroup, a DeviceMesh (with ``mesh_dim`` unless
+            1-D), an mpi4py communicator or an :class:`overlap.comm.Bootstrap`.
+        dtype: the activations' dtype (torch dtype or its name).
+        use_fp8: every overlapped GEMM without its own entry in ``ub_cfgs`` takes FP8 inputs.
+        fp8_dtype: the FP8 dtype of FP8 inputs.
+        ub_cfgs: per-GEMM settings: a ``{name: GemmOverlapConfig}`` dict, a TE-style dict
+            (converted by :meth:`UbConfig.from_te_dict`), or a whole :class:`UbConfig` (then
+            ``shape``, ``dtype``, ``use_fp8``, ``fp8_dtype`` and ``timeout_s`` must match it or
+            be left at their defaults).
+        transport: ``"cuda"`` (default when a CUDA device and overlap's CUDA build are
+            available) or ``"host"``.
+        timeout_s: deadline of every wait (default ``OVERLAP_TIMEOUT_S``).
+        device: this rank's CUDA device (cuda; default torch's current device).
+        mesh_dim: the TP dimension of a DeviceMesh ``tp_group``.
+        register: make the handle the default one of :func:`get_ub` / :func:`destroy_ub`.
+
+    Returns:
+        the :class:`Userbuffers` handle.
+
+    Raises:
+        ConfigError: an invalid configuration, on every rank before anything collective.
+        StateError: ``register`` and a default handle already exists (call
+            :func:`destroy_ub` first).
+    """
+    if register and _REGISTRY:
+        raise StateError("initialize_ub: already initialised; call destroy_ub() first")
+    config = _make_config(
+        shape,
+        dtype=dtype,
+        use_fp8=use_fp8,
+        fp8_dtype=fp8_dtype,
+        ub_cfgs=ub_cfgs,
+        timeout_s=timeout_s,
+    )
+    from overlap.comm import Communicator
+
+    if transport is None:
+        transport = "cuda" if _cuda_usable() else "host"
+    bootstrap = _bootstrap(tp_group, mesh_dim)
+    _check_tp(config, bootstrap.size)  # before anything collective
+    comm = Communicator(bootstrap, transport, timeout_s=config.timeout_s, device=device)
+    handle = Userbuffers(config, comm)
+    if register:
+        _REGISTRY["default"] = handle
+    return handle
+
+
+def _cuda_usable() -> bool:
+    from overlap._native import cuda_available
+
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(cuda_available() and torch.cuda.is_available())
+
+
+def _make_config(
+    shape: tuple[int, int],
+    *,
+    dtype: Any,
+    use_fp8: bool,
+    fp8_dtype: Any,
+    ub_cfgs: UbConfig | Mapping[str, Any] | None,
+    timeout_s: float | None,
+) -> UbConfig:
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 2):
+        raise ConfigError(f"shape: {shape!r} must be (tokens, hidden)")
+    tokens, hidden = shape
+    if isinstance(ub_cfgs, UbConfig):
+        given = UbConfig(tokens, hidden, dtype, fp8_dtype, timeout_s)
+        for field in ("tokens", "hidden", "dtype", "fp8_dtype", "timeout_s"):
+            ours, theirs = getattr(ub_cfgs, field), getattr(given, field)
+            default = {"dtype": "bfloat16", "fp8_dtype": "float8_e4m3fn", "timeout_s": None}
+            if theirs != ours and (field not in default or theirs != default[field]):
+                raise ConfigError(
+                    f"initialize_ub: {field}={theirs!r} contradicts ub_cfgs.{field}={ours!r}"
+                )
+        if use_fp8:
+            raise ConfigError("initialize_ub: use_fp8 with a UbConfig: set fp8 per GEMM in it")
+        return ub_cfgs
+    if not isinstance(use_fp8, bool):
+        raise ConfigError(f"use_fp8: {use_fp8!r} must be True or False")
+    entries = dict(ub_cfgs or {})
+    if entries and not all(isinstance(v, GemmOverlapConfig) for v in entries.values()):
+        base = UbConfig.from_te_dict(
+            entries, tokens=tokens, hidden=hidden, dtype=dtype, fp8_dtype=fp8_dtype
+        )
+        entries = {n: base.gemms[n] for n in entries}
+    gemms = {n: entries.get(n, GemmOverlapConfig(fp8=use_fp8)) for n in GEMM_NAMES}
+    return UbConfig(tokens, hidden, dtype, fp8_dtype, timeout_s, gemms)
+
+
+def _default() -> Userbuffers:
+    if not _REGISTRY:
+        raise StateError("userbuffers are not initialised: call initialize_ub() first")
+    return _REGISTRY["default"]
+
+
+def get_ub(name: str) -> AllGatherGemm | GemmReduceScatter:
+    """The default handle's op of GEMM ``name`` (:meth:`Userbuffers.get`).
+
+    Raises:
+        StateError: before :func:`initialize_ub` or after :func:`destroy_ub`.
+    """
+    return _default().get(name)
+
+
+def destroy_ub() -> None:
+    """Destroy the default handle (if any) and clear the registry. Idempotent."""
+    handle = _REGISTRY.pop("default", None)
+    if handle is not None:
+        handle.destroy()

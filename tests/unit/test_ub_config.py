@@ -1,0 +1,317 @@
+"""Userbuffers set-up (overlap.ub) in one process: typed config validation, TE-dict
+conversion, default methods, buffer sharing and its accounting, and the init/get/destroy
+lifecycle on a 1-rank host group."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import overlap  # noqa: E402
+from overlap.comm import Communicator  # noqa: E402
+from overlap.errors import ConfigError, InvalidArgumentError, StateError  # noqa: E402
+from overlap.gemm import gemm  # noqa: E402
+from overlap.ops import AllGatherGemm, GemmReduceScatter  # noqa: E402
+from overlap.ub import (  # noqa: E402
+    GEMM_NAMES,
+    GemmOverlapConfig,
+    OverlapMethod,
+    UbConfig,
+    Userbuffers,
+    default_method,
+    destroy_ub,
+    get_ub,
+    initialize_ub,
+)
+from tests.unit.test_buffers import Solo  # noqa: E402
+
+M = OverlapMethod
+DEFAULTS = {
+    "qkv_fprop": M.RING_AG,
+    "qkv_dgrad": M.PIPELINE_RS,
+    "qkv_wgrad": M.BULK_RS,
+    "proj_fprop": M.PIPELINE_RS,
+    "proj_dgrad": M.RING_AG,
+    "proj_wgrad": M.NONE,
+    "fc1_fprop": M.RING_AG,
+    "fc1_dgrad": M.PIPELINE_RS,
+    "fc1_wgrad": M.BULK_RS,
+    "fc2_fprop": M.PIPELINE_RS,
+    "fc2_dgrad": M.RING_AG,
+    "fc2_wgrad": M.NONE,
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry() -> Iterator[None]:
+    destroy_ub()
+    yield
+    destroy_ub()
+
+
+def init(**kw: object) -> Userbuffers:
+    kw.setdefault("transport", "host")
+    return initialize_ub(kw.pop("shape", (64, 32)), Solo(), **kw)  # type: ignore[arg-type]
+
+
+# ---- typed config ----------------------------------------------------------------------------
+
+
+def test_default_methods() -> None:
+    assert {n: default_method(n) for n in GEMM_NAMES} == DEFAULTS
+    cfg = UbConfig(tokens=8, hidden=4)
+    assert {n: c.method for n, c in cfg.gemms.items()} == DEFAULTS
+    assert cfg.dtype == "bfloat16" and cfg.fp8_dtype == "float8_e4m3fn"
+    assert cfg.gemms["qkv_fprop"].lanes == 2 and cfg.gemms["proj_fprop"].lanes == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"method": "ring"}, "GemmOverlapConfig.method: 'ring' is not one of"),
+        ({"compute_lanes": 5}, "compute_lanes: 5 is not an int in 1..4"),
+        ({"compute_lanes": True}, "compute_lanes: True"),
+        ({"put_split": 0}, "put_split: 0 is not an int in 1..8"),
+        ({"reduce_max_blocks": -1}, "reduce_max_blocks: -1 is not an int in >= 0"),
+        ({"fp8": 1}, "fp8: 1 must be True or False"),
+    ],
+)
+def test_gemm_config_rejects(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        GemmOverlapConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_gemm_config_is_frozen_and_takes_strings() -> None:
+    cfg = GemmOverlapConfig(method="pipeline_rs")  # type: ignore[arg-type]
+    assert cfg.method is M.PIPELINE_RS
+    with pytest.raises(AttributeError):
+        cfg.fp8 = True  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"tokens": 0}, "UbConfig.tokens: 0"),
+        ({"hidden": 2.5}, "UbConfig.hidden: 2.5"),
+        ({"dtype": "int8"}, r"UbConfig.dtype: 'int8' is not one of \['bfloat16'"),
+        ({"fp8_dtype": torch.bfloat16}, "UbConfig.fp8_dtype: torch.bfloat16"),
+        ({"timeout_s": 0}, "timeout_s: 0 must be > 0"),
+        ({"gemms": {"qkv": GemmOverlapConfig()}}, r"unknown GEMM name 'qkv'; valid names: \["),
+        ({"gemms": {"qkv_fprop": {"method": "ring_ag"}}}, "expected a GemmOverlapConfig"),
+        (
+            {"gemms": {"qkv_fprop": GemmOverlapConfig(M.PIPELINE_RS)}},
+            r"qkv_fprop'\].method: 'pipeline_rs' does not fit .* allowed: \['ring_ag'",
+        ),
+        (
+            {"gemms": {"fc1_wgrad": GemmOverlapConfig(M.RING_AG)}},
+            r"allowed: \['bulk_ag', 'bulk_rs', 'none'\]",
+        ),
+    ],
+)
+def test_ub_config_rejects(kwargs: dict[str, object], match: str) -> None:
+    args: dict[str, object] = {"tokens": 8, "hidden": 4, **kwargs}
+    with pytest.raises(ConfigError, match=match):
+        UbConfig(**args)  # type: ignore[arg-type]
+
+
+def test_ub_config_normalises_torch_dtypes() -> None:
+    cfg = UbConfig(8, 4, dtype=torch.float16, fp8_dtype=torch.float8_e5m2)
+    assert (cfg.dtype, cfg.fp8_dtype) == ("float16", "float8_e5m2")
+
+
+# ---- TE dicts ---------------------------------------------------------------------------------
+
+
+def test_te_dict_conversion() -> None:
+    te = {
+        "qkv_fprop": {"method": "ring_exchange", "fp8_buf": True},
+        "proj_fprop": {"method": "pipeline", "atomic_gemm": False},
+        "qkv_dgrad": {"method": "bulk"},
+        "fc1_wgrad": {"method": "bulk"},
+        "fc2_dgrad": {},
+    }
+    cfg = UbConfig.from_te_dict(te, tokens=8, hidden=4)
+    assert cfg.gemms["qkv_fprop"] == GemmOverlapConfig(M.RING_AG, fp8=True)
+    assert cfg.gemms["proj_fprop"].method is M.PIPELINE_RS
+    assert cfg.gemms["qkv_dgrad"].method is M.BULK_AG
+    assert cfg.gemms["fc1_wgrad"].method is M.BULK_RS
+    assert cfg.gemms["fc2_dgrad"].method is M.RING_AG  # no method: the default
+    assert cfg.gemms["fc1_fprop"].method is M.RING_AG  # absent: the default
+
+
+def test_te_dict_warns_for_keys_without_equivalent() -> None:
+    te = {"proj_fprop": {"method": "pipeline", "num_sm": 24, "cga_size": 2, "set_sm_margin": 1}}
+    with pytest.warns(UserWarning, match=r"not applied: \{'proj_fprop': \['cga_size', 'num_sm'"):
+        UbConfig.from_te_dict(te, tokens=8, hidden=4)
+    with pytest.warns(UserWarning, match="'ring_exchange' reduce-scatter maps to"):
+        cfg = UbConfig.from_te_dict({"fc2_fprop": {"method": "ring_exchange"}}, tokens=8, hidden=4)
+    assert cfg.gemms["fc2_fprop"].method is M.PIPELINE_RS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning for fully mapped entries
+        UbConfig.from_te_dict({"qkv_fprop": {"method": "ring_exchange"}}, tokens=8, hidden=4)
+
+
+@pytest.mark.parametrize(
+    ("te", "match"),
+    [
+        ({"attn_fprop": {}}, "unknown GEMM name 'attn_fprop'"),
+        ({"qkv_fprop": {"methd": "bulk"}}, r"unknown keys \['methd'\]; known: "),
+        ({"qkv_fprop": {"method": "pipeline"}}, "'pipeline' is a reduce-scatter overlap"),
+        ({"qkv_wgrad": {"method": "ring_exchange"}}, r"is not one of \['bulk'\]"),
+        ({"proj_fprop": {"method": "p2p"}}, r"'p2p' is not one of \['ring_exchange'"),
+        ({"proj_fprop": {"atomic_gemm": True}}, "atomic_gemm: True is not supported"),
+        ({"proj_fprop": {"fp8_buf": "yes"}}, "fp8_buf: 'yes' must be True or False"),
+        ({"proj_fprop": 3}, "expected a dict"),
+    ],
+)
+def test_te_dict_rejects(te: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        UbConfig.from_te_dict(te, tokens=8, hidden=4)  # type: ignore[arg-type]
+
+
+# ---- buffers and accounting -------------------------------------------------------------------
+
+
+def test_buffers_are_shared_per_kind_and_counted() -> None:
+    ub = init(shape=(64, 32))
+    ag_bytes = AllGatherGemm.buffer_bytes(1, 64, 32, torch.bfloat16)
+    rs_bytes = GemmReduceScatter.buffer_bytes(1, 64, 32, torch.bfloat16)
+    assert ub.total_bytes == ag_bytes + rs_bytes
+    ag = [ub.get(n) for n in ("qkv_fprop", "proj_dgrad", "fc1_fprop", "fc2_dgrad")]
+    rs = [ub.get(n) for n in ("proj_fprop", "fc2_fprop", "qkv_dgrad", "fc1_dgrad")]
+    assert all(isinstance(o, AllGatherGemm) for o in ag)
+    assert all(isinstance(o, GemmReduceScatter) for o in rs)
+    assert len({id(o.buffer) for o in ag}) == 1 and len({id(o.buffer) for o in rs}) == 1
+    assert ag[0].buffer is not rs[0].buffer
+    table = ub.describe()
+    assert f"total: {ub.total_bytes} bytes per rank" in table
+    assert "qkv_wgrad   bulk_rs" in table and "not overlapped" in table
+    assert "shared by qkv_fprop, proj_dgrad, fc1_fprop, fc2_dgrad" in table
+
+
+def test_fp8_and_put_split_get_their_own_buffers() -> None:
+    gemms = {
+        "qkv_fprop": GemmOverlapConfig(fp8=True),
+        "fc1_fprop": GemmOverlapConfig(fp8=True),
+        "proj_dgrad": GemmOverlapConfig(put_split=2),
+        "proj_fprop": GemmOverlapConfig(fp8=True),  # RS: same buffer as the bf16 RSs
+    }
+    ub = init(shape=(64, 32), ub_cfgs=gemms)
+    e4m3 = ub.get("qkv_fprop")
+    assert e4m3.dtype == torch.float8_e4m3fn and e4m3.buffer is ub.get("fc1_fprop").buffer
+    assert ub.get("proj_dgrad").buffer.put_split == 2
+    assert ub.get("fc2_dgrad").buffer.put_split == 1
+    assert len({id(ub.get(n).buffer) for n in ("qkv_fprop", "proj_dgrad", "fc2_dgrad")}) == 3
+    assert ub.get("proj_fprop").buffer is ub.get("fc2_fprop").buffer
+    want = (
+        AllGatherGemm.buffer_bytes(1, 64, 32, torch.float8_e4m3fn)
+        + 2 * AllGatherGemm.buffer_bytes(1, 64, 32, torch.bfloat16)
+        + GemmReduceScatter.buffer_bytes(1, 64, 32, torch.bfloat16)
+    )
+    assert ub.total_bytes == want
+
+
+def test_use_fp8_applies_to_every_gemm_without_an_entry() -> None:
+    ub = init(use_fp8=True, ub_cfgs={"fc2_dgrad": GemmOverlapConfig(compute_lanes=3)})
+    assert ub.get("qkv_fprop").dtype == torch.float8_e4m3fn
+    assert ub.get("fc2_dgrad").dtype == torch.bfloat16
+    assert ub.get("fc2_dgrad").compute_lanes == 3
+
+
+# ---- ops and lifecycle ------------------------------------------------------------------------
+
+
+def rand(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def test_lifecycle_and_ops_through_the_registry() -> None:
+    with pytest.raises(StateError, match="call initialize_ub"):
+        get_ub("qkv_fprop")
+    ub = init(shape=(64, 32))
+    with pytest.raises(StateError, match="already initialised"):
+        init()
+    assert overlap.get_ub("qkv_fprop") is ub.get("qkv_fprop")
+    x, w = rand(40, 32, seed=1), rand(24, 32, seed=2)
+    want = gemm(x, w, transb=True)
+    assert torch.equal(get_ub("fc1_fprop")(x, w), want)
+    w_rs = rand(32, 24, seed=3)
+    x_rs = rand(64, 24, seed=4)
+    assert torch.equal(get_ub("fc2_fprop")(x_rs, w_rs), gemm(x_rs, w_rs, transb=True))
+    with pytest.raises(InvalidArgumentError, match=r"tp \* m <= 64"):
+        get_ub("qkv_fprop")(rand(65, 32, seed=5), w)
+    with pytest.raises(InvalidArgumentError, match=r"<= max_tokens \(64\)"):
+        get_ub("proj_fprop")(rand(65, 24, seed=6), w_rs)
+    with pytest.raises(ConfigError, match=r"valid names: \['qkv_fprop'"):
+        get_ub("qkv")
+    with pytest.raises(ConfigError, match=r"qkv_wgrad is not overlapped .*does not implement"):
+        get_ub("qkv_wgrad")
+    assert not ub.is_overlapped("proj_wgrad") and ub.is_overlapped("proj_fprop")
+    buffers = {id(ub.get(n).buffer): ub.get(n).buffer for n in ("qkv_fprop", "proj_fprop")}
+    held = ub.get("fc1_fprop")
+    destroy_ub()
+    with pytest.raises(StateError, match="symmetric buffer is destroyed"):
+        held(x, w)  # an op kept past destroy_ub()
+    assert ub.destroyed and all(b.destroyed for b in buffers.values())
+    destroy_ub()  # idempotent
+    with pytest.raises(StateError, match="call initialize_ub"):
+        get_ub("qkv_fprop")
+    with pytest.raises(StateError, match="after destroy"):
+        ub.get("qkv_fprop")
+
+
+def test_many_init_destroy_cycles_and_unregistered_handles() -> None:
+    for _ in range(20):
+        init(shape=(16, 8))
+        destroy_ub()
+    with init(shape=(16, 8), register=False) as ub:
+        with pytest.raises(StateError):
+            get_ub("qkv_fprop")  # not the default
+        assert ub.get("qkv_fprop").max_tokens == 16
+    assert ub.destroyed
+
+
+def test_init_rejects_before_anything_collective() -> None:
+    with pytest.raises(ConfigError, match=r"shape: \(64,\) must be \(tokens, hidden\)"):
+        init(shape=(64,))
+    with pytest.raises(ConfigError, match="tp_group: str is not a torch ProcessGroup"):
+        initialize_ub((64, 32), "tp", transport="host")
+    with pytest.raises(ConfigError, match="unknown transport 'ib'"):
+        init(transport="ib")
+    cfg = UbConfig(64, 32)
+    with pytest.raises(ConfigError, match=r"tokens=32 contradicts ub_cfgs\.tokens=64"):
+        init(shape=(32, 32), ub_cfgs=cfg)
+    with pytest.raises(ConfigError, match="use_fp8 with a UbConfig"):
+        init(ub_cfgs=cfg, use_fp8=True)
+    assert init(ub_cfgs=cfg).config is cfg
+
+
+def test_te_dict_through_initialize_ub() -> None:
+    te = {"qkv_fprop": {"method": "ring_exchange", "fp8_buf": True, "num_sm": 4}}
+    with pytest.warns(UserWarning, match="not applied") as record:
+        ub = init(ub_cfgs=te)
+    assert record[0].filename == __file__  # attributed to the caller of initialize_ub
+    assert ub.get("qkv_fprop").dtype == torch.float8_e4m3fn
+    assert ub.config.gemms["proj_fprop"].method is M.PIPELINE_RS
+
+
+def test_given_buffer_must_be_large_enough_and_is_not_freed_by_the_op() -> None:
+    comm = Communicator(Solo(), "host")
+    try:
+        need = AllGatherGemm.buffer_bytes(1, 32, 16, torch.bfloat16)
+        small = comm.create_buffer(need - 1, "small")
+        with pytest.raises(InvalidArgumentError, match=r"buffer 'small' .* needs a live buffer"):
+            AllGatherGemm(comm, 32, 16, torch.bfloat16, buffer=small)
+        buf = comm.create_buffer(GemmReduceScatter.buffer_bytes(1, 32, 16, torch.float32), "b")
+        op = GemmReduceScatter(comm, 32, 16, torch.float32, buffer=buf)
+        op.destroy()
+        assert not buf.destroyed
+        x, w = torch.randn(32, 8), torch.randn(16, 8)
+        other = GemmReduceScatter(comm, 32, 16, torch.float32, buffer=buf)
+        assert torch.equal(other(x, w), gemm(x, w, transb=True))
+    finally:
+        comm.destroy()
