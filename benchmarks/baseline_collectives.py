@@ -63,6 +63,13 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
         buf = comm.create_buffer(full.nbytes)
         in_buffer = buf.view(torch.bfloat16, full.shape)
         in_buffer.copy_(torch.randn(full.shape, device=device).to(torch.bfloat16))
+
+        def time_ag(queued: bool = cuda, s: torch.Tensor = shard, b=buf) -> float:
+            """Our in-buffer all-gather of ``s`` in b's current mode, max over ranks."""
+            return max_over_ranks(
+                time_op(lambda: b.all_gather_into([(s, 0)]), cuda=cuda, iters=iters, queued=queued)
+            )
+
         # NOTE [put split] / [pull gather] / [sm puts]: the all-gather by pushes and by pulls
         # at 1, 2 and 4 copy-engine lanes per peer (no SM), and with a share of the bytes moved
         # by SM copy kernels. The best copy-engine-only time is the headline (it is what the
@@ -72,32 +79,16 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
             for split in (1, 2, 4) if cuda else (1,):
                 buf.put_split = split
                 buf.pull_gather = mode == "pull"
-                by_split[f"{mode}{split}"] = max_over_ranks(
-                    time_op(
-                        lambda s=shard, b=buf: b.all_gather_into([(s, 0)]),
-                        cuda=cuda,
-                        iters=iters,
-                        queued=cuda,
-                    )
-                )
+                by_split[f"{mode}{split}"] = time_ag()
         by_sm = {}
         for percent, blocks in ((50, 8), (50, 16), (70, 16), (100, 16), (100, 32)) if cuda else ():
             buf.put_split, buf.pull_gather, buf.sm_share = 2, False, (percent, blocks)
-            by_sm[f"sm{percent}%x{blocks}"] = max_over_ranks(
-                time_op(
-                    lambda s=shard, b=buf: b.all_gather_into([(s, 0)]),
-                    cuda=cuda,
-                    iters=iters,
-                    queued=cuda,
-                )
-            )
+            by_sm[f"sm{percent}%x{blocks}"] = time_ag()
         buf.sm_share = (0, 0)
         # The same op timed with the host's enqueueing included (the start event recorded on
         # an idle GPU): what a host-bound caller would see.
         buf.put_split, buf.pull_gather = 1, False
-        ours_ag_e2e = max_over_ranks(
-            time_op(lambda s=shard, b=buf: b.all_gather_into([(s, 0)]), cuda=cuda, iters=iters)
-        )
+        ours_ag_e2e = time_ag(queued=False)
         best_split = min(by_split, key=by_split.get)
         ours_ag = by_split[best_split]
         ours_rs = time_op(

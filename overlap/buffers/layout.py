@@ -208,12 +208,6 @@ def _align(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def _scale_dtype(fmt: DirectionFormat) -> torch.dtype:
     import torch
 
@@ -275,7 +269,7 @@ def gather_layout(
     parts = []
     offset = 0
     for kind, part_dtype, slot_shape in specs:
-        slot_nbytes = math.prod(slot_shape) * _itemsize(part_dtype)
+        slot_nbytes = math.prod(slot_shape) * part_dtype.itemsize
         parts.append(PartLayout(kind, part_dtype, slot_shape, offset, slot_nbytes, tp_size))
         offset = _align(offset + tp_size * slot_nbytes)
     nbytes = parts[-1].end

@@ -139,7 +139,7 @@ class SymmetricBuffer:
         shape = tuple(int(d) for d in shape)
         if any(d < 0 for d in shape):
             raise InvalidArgumentError(f"view shape {shape} has a negative dimension")
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         if offset < 0 or offset % itemsize:
             raise InvalidArgumentError(
                 f"view offset {offset} must be a non-negative multiple of {dtype}'s size "

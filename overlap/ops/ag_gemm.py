@@ -70,9 +70,8 @@ class AllGatherGemm:
     @staticmethod
     def buffer_bytes(tp: int, max_tokens: int, in_features: int, dtype: torch.dtype) -> int:
         """Bytes per rank of the buffer an op of these arguments needs."""
-        import torch
 
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         shard_bytes = -(-int(max_tokens) // tp) * int(in_features) * itemsize
         _, nbytes = native().comm_ops.ag_gemm_layout(tp, shard_bytes, is_fp8(dtype))
         return int(nbytes)
@@ -238,7 +237,7 @@ class AllGatherGemm:
         if self._last is None or self._last[2] is None:
             raise StateError(f"{_OP}: no FP8 call yet")
         m = self._last[0]
-        shard_bytes = m * self.in_features * torch.empty((), dtype=self.dtype).element_size()
+        shard_bytes = m * self.in_features * self.dtype.itemsize
         scale_offset, _ = native().comm_ops.ag_gemm_layout(self.tp, shard_bytes, True)
         # One 16-byte slot per rank (NOTE [ag_gemm layout]): the scale_inv is its first float.
         return self.buffer.view(torch.float32, (self.tp, 4), offset=int(scale_offset))[:, 0]

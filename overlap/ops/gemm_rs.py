@@ -70,9 +70,8 @@ class GemmReduceScatter:
     @staticmethod
     def buffer_bytes(tp: int, max_tokens: int, out_features: int, out_dtype: torch.dtype) -> int:
         """Bytes per rank of the buffer an op of these arguments needs."""
-        import torch
 
-        itemsize = torch.empty((), dtype=partial_dtype(out_dtype)).element_size()
+        itemsize = partial_dtype(out_dtype).itemsize
         partial_bytes = (int(max_tokens) // tp) * int(out_features) * itemsize
         _, _, nbytes = native().comm_ops.gemm_rs_layout(tp, partial_bytes)
         return int(nbytes)
