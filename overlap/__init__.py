@@ -11,6 +11,7 @@ Quick facts about the build::
 
 from overlap._native import build_info, cuda_available, require_cuda
 from overlap._version import __version__
+from overlap.comm.graphs import CudaGraph
 from overlap.errors import (
     BootstrapError,
     CommTimeoutError,
@@ -29,6 +30,7 @@ __all__ = [
     "CommTimeoutError",
     "ConfigError",
     "CudaError",
+    "CudaGraph",
     "InvalidArgumentError",
     "OverlapError",
     "StateError",

@@ -9,7 +9,7 @@
 # the cuda transport's collectives and buffer managers), bench (the main job),
 # kernels (quantization/reduction kernel bandwidth), gemm (GEMM vs torch), quant-gpu (the
 # CUDA quantization kernels' tests), ops-cuda and ops-bench (the overlap ops' multi-rank
-# tests and benchmark on all local GPUs). Every step writes
+# tests and benchmark on all local GPUs), graphs-cuda (CUDA graphs of comm ops). Every step writes
 # its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S, default 300 s); a short summary
 # table is printed last.
 set -uo pipefail
@@ -55,6 +55,7 @@ for s in "${STEPS[@]}"; do
     dist-cuda) step dist dist.log "${PYTEST[@]}" tests/distributed/test_collectives.py -k cuda ;;
     buffers-cuda) step buffers buffers.log "${PYTEST[@]}" tests/distributed/test_buffers.py -k cuda ;;
     ops-cuda) step ops ops.log "${PYTEST[@]}" tests/distributed/test_overlap_ops.py -k cuda ;;
+    graphs-cuda) step graphs graphs.log "${PYTEST[@]}" tests/distributed/test_graphs.py ;;
     quant-gpu) step quant quant.log "${PYTEST[@]}" tests/unit/test_quantize_gpu.py tests/unit/test_overlap_ops.py ;;
     ops-bench)
       step opsbench opsbench.log "$PY" -m benchmarks.overlap_ops --launch "$(nvidia-smi -L | wc -l)" \
@@ -68,7 +69,7 @@ done
 echo
 echo "== gpu_check summary =="
 printf '%s\n' "${summary[@]}"
-for f in unit dist buffers quant ops; do
+for f in unit dist buffers quant ops graphs; do
   [ -f "$LOG/$f.log" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG/$f.log" | tail -n 12
 done
 exit 0

@@ -6,6 +6,9 @@
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
 #include "comm/collectives.h"
+#ifdef OVERLAP_WITH_CUDA
+#include "comm/cuda/graph_log.h"
+#endif
 #include "comm/symmetric_buffer.h"
 #include "comm/transport.h"
 #include "common/errors.h"
@@ -150,6 +153,27 @@ void register_comm(py::module_& m) {
                               stream_from_py(stream), 0);
           },
           py::arg("output"), py::arg("offset"), py::kw_only(), py::arg("stream") = 0);
+
+  // CUDA-graph capture of comm ops (NOTE [graph capture] in comm/cuda/graph_log.h); absent
+  // from builds without CUDA (overlap.CudaGraph says so).
+#ifdef OVERLAP_WITH_CUDA
+  using comm::cuda::GraphLog;
+  py::class_<GraphLog, std::shared_ptr<GraphLog>>(c, "GraphLog")
+      .def_property_readonly("ops", &GraphLog::ops)
+      .def(
+          "prepare_replay",
+          [](GraphLog& log, std::uintptr_t graph, std::uintptr_t exec, std::uintptr_t stream) {
+            py::gil_scoped_release release;
+            log.prepare_replay(reinterpret_cast<CUgraph>(graph), reinterpret_cast<CUgraphExec>(exec),
+                               stream_from_py(stream));
+          },
+          py::arg("graph"), py::arg("exec"), py::kw_only(), py::arg("stream"));
+  c.def(
+      "begin_graph_log",
+      [](std::uintptr_t stream) { return comm::cuda::begin_graph_log(stream_from_py(stream)); },
+      py::kw_only(), py::arg("stream"));
+  c.def("end_graph_log", &comm::cuda::end_graph_log, py::arg("log"));
+#endif
 }
 
 }  // namespace overlap::bindings

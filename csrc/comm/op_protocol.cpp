@@ -68,6 +68,7 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
   t.check_stream(stream);
   t.order_ops(&buf, stream);  // NOTE [ops on several streams]
   const std::uint64_t epoch = buf.next_epoch();
+  t.note_op(buf, epoch, stream);
   const int r = buf.rank();
   const int n = buf.size();
   const std::uint64_t record = op_record(epoch, code, arg);

@@ -44,7 +44,7 @@ enum class OpCode : int {
   kGemmReduceScatter = 5,  // comm/overlap/gemm_rs.cpp
 };
 
-class SymmetricBuffer {
+class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
  public:
   static constexpr int kMaxRanks = 64;
   static constexpr int kNumSlots = 4;
@@ -99,6 +99,17 @@ class SymmetricBuffer {
   void check_tensor(const TensorRef& t, const char* what) const;
   // The epoch of the next op on this buffer; epochs only grow.
   std::uint64_t next_epoch() { return ++epoch_; }
+  // The last epoch taken so far (0 before the first op).
+  std::uint64_t epoch() const { return epoch_; }
+  // Takes `count` epochs at once for a replay of a captured CUDA graph (NOTE [graph capture]
+  // in comm/cuda/graph_log.h); returns the last epoch taken before.
+  std::uint64_t take_epochs(std::uint64_t count) {
+    const std::uint64_t before = epoch_;
+    epoch_ += count;
+    return before;
+  }
+  // Whether `p` is one of this buffer's flags (in any rank's region).
+  bool owns_flag(const void* p) const;
 
  private:
   enum class State { kCreated, kConnected, kReady, kDestroyed };

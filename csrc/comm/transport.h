@@ -27,6 +27,8 @@
 
 namespace overlap::comm {
 
+class SymmetricBuffer;
+
 enum class TransportKind { kHost = 0, kCuda = 1 };
 const char* transport_name(TransportKind kind);
 
@@ -127,13 +129,19 @@ class Transport {
   // the host transport, which runs in program order.
   virtual void order_ops(const void* /*key*/, cudaStream_t /*stream*/) {}
   virtual void forget_ops(const void* /*key*/) {}
+  // Called by begin_op once op `epoch` of `buf` is opened on `stream`: the cuda transport
+  // logs ops issued while a CUDA graph is captured (NOTE [graph capture] in
+  // comm/cuda/graph_log.h). A no-op on the host transport.
+  virtual void note_op(SymmetricBuffer& /*buf*/, std::uint64_t /*epoch*/,
+                       cudaStream_t /*stream*/) {}
   // Make the host wait for everything issued on `stream`, then raise_if_failed().
   virtual void synchronize(cudaStream_t stream) = 0;
   // Raises the first asynchronous failure (a cuda wait that timed out) this transport has
   // seen; after one, every op raises it: the group's buffers must be destroyed and recreated.
   virtual void raise_if_failed() const {}
-  // Whether `stream` can be used by ops right now (cuda: not capturing a graph; see
-  // NOTE [graph capture] in the cuda transport). Throws kUnsupported with a reason if not.
+  // Whether `stream` can be used by ops right now (cuda: not capturing a graph, or capturing
+  // one with a graph log; NOTE [graph capture] in comm/cuda/graph_log.h). Throws kUnsupported
+  // with a reason if not.
   virtual void check_stream(cudaStream_t /*stream*/) const {}
 };
 

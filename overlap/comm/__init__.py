@@ -8,10 +8,12 @@ from overlap.comm.bootstrap import (
     tp_subgroup,
 )
 from overlap.comm.communicator import Communicator, SymmetricBuffer, TransportKind
+from overlap.comm.graphs import CudaGraph
 
 __all__ = [
     "Bootstrap",
     "Communicator",
+    "CudaGraph",
     "MPIBootstrap",
     "SymmetricBuffer",
     "TorchBootstrap",

@@ -14,9 +14,8 @@
 //   [watchdog]) and op records can be checked at issue time (NOTE [op records]).
 // - No multicast objects, no multimem instructions, ever (DESIGN.md invariant 6).
 //
-// NOTE [graph capture]: flags carry absolute epochs. A captured op would replay the epochs it
-// was captured with, which breaks the buffer-reuse protocol, so ops on a capturing stream are
-// refused with a clear error until a replay-safe signalling scheme exists.
+// Graph capture: ops may be captured into a CUDA graph through a GraphLog, which makes every
+// replay take fresh epochs (NOTE [graph capture] in comm/cuda/graph_log.h).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "comm/cuda/cuda_memory.h"
+#include "comm/cuda/graph_log.h"
 #include "comm/cuda/lanes.h"
 #include "comm/cuda/watchdog.h"
 #include "comm/host/shm_region.h"
@@ -175,11 +175,19 @@ class CudaTransport final : public Transport {
 
   void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
             cudaStream_t stream, int lane) override {
-    // Already satisfied (the peer is ahead): nothing to enqueue. Flags only grow.
-    if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
     DeviceGuard guard(device_);
     CUstream s = lanes_.stream(stream, lane);
-    const cuda::Watchdog::Ticket ticket = watchdog_->arm(flag, value, ctx);
+    cuda::Watchdog::Ticket ticket;
+    if (std::shared_ptr<cuda::GraphLog> log = cuda::graph_log_for(s)) {
+      // Captured: always enqueued (a replay's peers start from scratch), with a placeholder
+      // marker that every replay re-arms (NOTE [graph capture]).
+      ticket = watchdog_->reserve();
+      log->note_wait(watchdog_, ticket, flag, value, ctx);
+    } else {
+      // Already satisfied (the peer is ahead): nothing to enqueue. Flags only grow.
+      if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
+      ticket = watchdog_->arm(flag, value, ctx);
+    }
     // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do, but the v2 memop API rejects it.)
     OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(s, device_ptr(ticket.marker), ticket.seq,
                                                    CU_STREAM_WRITE_VALUE_DEFAULT));
@@ -205,7 +213,10 @@ class CudaTransport final : public Transport {
   void order_ops(const void* key, cudaStream_t stream) override {
     std::lock_guard<std::mutex> lock(ops_mu_);
     OpOrder& o = op_order_[key];
-    if (o.used && o.last != stream) {
+    // A capture may not wait for work outside it; overlap.CudaGraph synchronises the device
+    // before capturing, and every replay orders itself after the previous op instead.
+    const bool capturing = is_capturing(stream);
+    if (o.used && o.last != stream && !capturing) {
       DeviceGuard guard(device_);
       if (!o.event) o.event = std::make_unique<cuda::OwnedEvent>();
       // Recorded now, on the previous op's stream: covers that whole op, already issued.
@@ -221,6 +232,12 @@ class CudaTransport final : public Transport {
     op_order_.erase(key);
   }
 
+  void note_op(SymmetricBuffer& buf, std::uint64_t epoch, cudaStream_t stream) override {
+    if (std::shared_ptr<cuda::GraphLog> log = cuda::graph_log_for(stream)) {
+      log->note_op(buf.shared_from_this(), epoch);
+    }
+  }
+
   void synchronize(cudaStream_t stream) override {
     DeviceGuard guard(device_);
     // Returns even when a peer never comes: the watchdog releases stuck waits.
@@ -230,13 +247,8 @@ class CudaTransport final : public Transport {
 
   void raise_if_failed() const override { watchdog_->raise_if_failed(); }
 
-  void check_stream(cudaStream_t stream) const override {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    OVERLAP_CHECK_CUDA(cudaStreamIsCapturing(stream, &status));
-    OVERLAP_CHECK(status == cudaStreamCaptureStatusNone, kUnsupported,
-                  "communication ops cannot be captured into a CUDA graph yet (their flags "
-                  "carry absolute epochs that a replay would repeat); run them eagerly");
-  }
+  // Capturing without a graph log throws (graph_log_for).
+  void check_stream(cudaStream_t stream) const override { cuda::graph_log_for(stream); }
 
  private:
   void check_device_capabilities() const {
@@ -260,6 +272,12 @@ class CudaTransport final : public Transport {
                   "cuda:" << device_
                           << " does not support 64-bit stream memory operations, which the "
                              "cuda transport's signals use; update the NVIDIA driver");
+  }
+
+  static bool is_capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    OVERLAP_CHECK_CUDA(cudaStreamIsCapturing(stream, &status));
+    return status != cudaStreamCaptureStatusNone;
   }
 
   // NOTE [ops on several streams]: per buffer, the stream of its last op.

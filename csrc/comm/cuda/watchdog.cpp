@@ -33,6 +33,19 @@ Watchdog::Ticket Watchdog::arm(const std::uint64_t* flag, std::uint64_t value,
   return {markers + seq % kMarkers, seq};
 }
 
+Watchdog::Ticket Watchdog::reserve() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::uint64_t seq = next_seq_++;
+  auto* markers = static_cast<std::uint64_t*>(markers_.data());
+  return {markers + seq % kMarkers, seq};
+}
+
+bool Watchdog::is_marker(const void* p) const {
+  const auto* lo = static_cast<const char*>(markers_.data());
+  const auto* c = static_cast<const char*>(p);
+  return c >= lo && c < lo + kMarkers * sizeof(std::uint64_t);
+}
+
 void Watchdog::forget(const void* begin, std::size_t bytes) {
   const auto* lo = static_cast<const char*>(begin);
   const auto* hi = lo + bytes;

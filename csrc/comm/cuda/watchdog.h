@@ -45,6 +45,12 @@ class Watchdog {
   };
   // Registers a wait for *flag >= value about to be enqueued; `flag` is in host memory.
   Ticket arm(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx);
+  // A ticket nobody watches: the placeholder marker write of a wait captured into a CUDA
+  // graph, which GraphLog::prepare_replay() replaces by an armed ticket before every launch
+  // (NOTE [graph capture] in graph_log.h). Its seq is unique, so the node can be recognised.
+  Ticket reserve();
+  // Whether `p` is the marker of some ticket (of this watchdog).
+  bool is_marker(const void* p) const;
   // Drops pending waits whose flag lies in [begin, begin + bytes) (the flags are unmapped).
   void forget(const void* begin, std::size_t bytes);
   // Throws kTimeout with the first timeout's message, if there was one.

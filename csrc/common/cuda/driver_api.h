@@ -31,7 +31,11 @@ namespace overlap {
   X(cuStreamWriteValue32, 12000)           \
   X(cuStreamWaitValue32, 12000)            \
   X(cuStreamWriteValue64, 12000)           \
-  X(cuStreamWaitValue64, 12000)
+  X(cuStreamWaitValue64, 12000)           \
+  X(cuGraphGetNodes, 12000)                \
+  X(cuGraphNodeGetType, 12000)             \
+  X(cuGraphBatchMemOpNodeGetParams, 12000) \
+  X(cuGraphExecBatchMemOpNodeSetParams, 12000)
 
 struct DriverApi {
 #define OVERLAP_DECLARE_ENTRY(name, version) decltype(&::name) name = nullptr;
