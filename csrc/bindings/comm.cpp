@@ -164,8 +164,8 @@ void register_comm(py::module_& m) {
           "prepare_replay",
           [](GraphLog& log, std::uintptr_t graph, std::uintptr_t exec, std::uintptr_t stream) {
             py::gil_scoped_release release;
-            log.prepare_replay(reinterpret_cast<CUgraph>(graph), reinterpret_cast<CUgraphExec>(exec),
-                               stream_from_py(stream));
+            log.prepare_replay(reinterpret_cast<CUgraph>(graph),
+                               reinterpret_cast<CUgraphExec>(exec), stream_from_py(stream));
           },
           py::arg("graph"), py::arg("exec"), py::kw_only(), py::arg("stream"));
   c.def(

@@ -155,8 +155,9 @@ std::uint64_t* SymmetricBuffer::flag(int owner, int src, FlagSlot slot) const {
 bool SymmetricBuffer::owns_flag(const void* p) const {
   const auto* c = static_cast<const char*>(p);
   for (int owner = 0; owner < size_; ++owner) {
-    const std::uint64_t* flags = owner == rank_ ? (local_ ? local_->flags() : nullptr)
-                                                : (peers_[owner] ? peers_[owner]->flags() : nullptr);
+    const std::uint64_t* flags = owner == rank_
+                                     ? (local_ ? local_->flags() : nullptr)
+                                     : (peers_[owner] ? peers_[owner]->flags() : nullptr);
     const auto* lo = reinterpret_cast<const char*>(flags);
     if (flags != nullptr && c >= lo && c < lo + kFlagBytes) return true;
   }

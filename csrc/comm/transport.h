@@ -132,8 +132,8 @@ class Transport {
   // Called by begin_op once op `epoch` of `buf` is opened on `stream`: the cuda transport
   // logs ops issued while a CUDA graph is captured (NOTE [graph capture] in
   // comm/cuda/graph_log.h). A no-op on the host transport.
-  virtual void note_op(SymmetricBuffer& /*buf*/, std::uint64_t /*epoch*/,
-                       cudaStream_t /*stream*/) {}
+  virtual void note_op(SymmetricBuffer& /*buf*/, std::uint64_t /*epoch*/, cudaStream_t /*stream*/) {
+  }
   // Make the host wait for everything issued on `stream`, then raise_if_failed().
   virtual void synchronize(cudaStream_t stream) = 0;
   // Raises the first asynchronous failure (a cuda wait that timed out) this transport has

@@ -150,7 +150,8 @@ void GraphLog::collect_nodes(CUgraph graph) {
         continue;
       }
       for (std::size_t w = 0; w < waits_.size(); ++w) {
-        if (waits_[w].placeholder.marker == addr && waits_[w].placeholder.seq == p.writeValue.value64) {
+        if (waits_[w].placeholder.marker == addr &&
+            waits_[w].placeholder.seq == p.writeValue.value64) {
           n.targets.emplace_back(i, Target{Target::kMarker, w});
           marker_found[w] = true;
           break;

@@ -31,7 +31,7 @@ namespace overlap {
   X(cuStreamWriteValue32, 12000)           \
   X(cuStreamWaitValue32, 12000)            \
   X(cuStreamWriteValue64, 12000)           \
-  X(cuStreamWaitValue64, 12000)           \
+  X(cuStreamWaitValue64, 12000)            \
   X(cuGraphGetNodes, 12000)                \
   X(cuGraphNodeGetType, 12000)             \
   X(cuGraphBatchMemOpNodeGetParams, 12000) \

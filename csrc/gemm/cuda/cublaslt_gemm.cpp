@@ -190,7 +190,13 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
   }
   DeviceGuard guard(device);
   int stream_device = device;
-  OVERLAP_CHECK_CUDA(cudaStreamGetDevice(stream, &stream_device));
+  // cudaStreamGetDevice is not permitted on a capturing stream (NOTE [graph capture] in
+  // comm/cuda/graph_log.h); the check is skipped for a captured GEMM.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  OVERLAP_CHECK_CUDA(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) {
+    OVERLAP_CHECK_CUDA(cudaStreamGetDevice(stream, &stream_device));
+  }
   OVERLAP_CHECK_ARG(stream_device == device, "gemm: the stream belongs to cuda:"
                                                  << stream_device << " but the tensors are on cuda:"
                                                  << device << "; pass a stream of cuda:" << device);

@@ -102,8 +102,9 @@ class Ops:
         close(got["ag"], all_gather_gemm_reference(self.x, self.w, group=g)[0], f"{what} ag")
         want8, _ = all_gather_gemm_reference(self.x8, self.w8, group=g)
         close(got["ag8"], want8, f"{what} ag fp8", 2e-2)
-        assert torch.equal(self.ag8.gathered_scale_invs(),
-                           all_gather_rows(self.x8.rowwise_scale_inv.reshape(1), g)), what
+        assert torch.equal(
+            self.ag8.gathered_scale_invs(), all_gather_rows(self.x8.rowwise_scale_inv.reshape(1), g)
+        ), what
         close(got["rs"], gemm_reduce_scatter_reference(self.y, self.w, group=g), f"{what} rs")
         assert torch.equal(got["all_gather"], all_gather_rows(self.x, g)), f"{what} all_gather"
         want = self.z.float()
