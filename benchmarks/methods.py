@@ -19,7 +19,9 @@ writing into ``case.out``. Adding a method is a builder and one :func:`register`
 variants that only differ by settings applied at call time (one buffer per op object, not per
 variant); it is destroyed when the row is done. A builder that raises (on every rank, e.g. a
 typed error for an unsupported dtype) makes that variant "n/a" with the reason; the sweep goes
-on. ``--methods PATTERN[,PATTERN]`` (fnmatch on ``op:method/kwargs``) picks variants.
+on. ``--methods PATTERN[,PATTERN]`` (fnmatch on ``op:method/kwargs``) picks variants, and
+``--import MODULE`` imports a module of more :func:`register` calls on every rank (methods
+that live outside this file, e.g. in a branch under test).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class Case:
         out: the preallocated bfloat16 output: ``[M, N]`` (AG+GEMM), ``[M / tp, N]`` (GEMM+RS).
         fp8: whether ``a`` and ``w`` are FP8.
         cuda: the cuda transport (else the host transport with tiny shapes).
+        group: the TP group as a ``torch.distributed`` ProcessGroup (nccl on GPUs, gloo on
+            the host), in the same rank order as ``comm``: for methods built on torch.
     """
 
     op: str
@@ -82,6 +86,7 @@ class Case:
     out: torch.Tensor
     fp8: bool
     cuda: bool
+    group: Any = None
     _kept: dict[Any, tuple[Any, Callable[[Any], None] | None]] = field(default_factory=dict)
 
     @property

@@ -52,6 +52,7 @@ JSON (``overlap_ops.json``), the table (``overlap_ops.txt``) and the plot
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import statistics
@@ -364,7 +365,7 @@ def bench_row(
         )
     out["T_gemm"] = min(gemms.values())
     out["T_gemm_whole"], out["T_gemm_chunked"] = gemms["whole"], gemms["chunked"]
-    case = Case(row["op"], comm, m_all, k, n, a, w, y, fp8, cuda)
+    case = Case(row["op"], comm, m_all, k, n, a, w, y, fp8, cuda, group=group)
     out["T_ours_by_variant"], out["variant_errors"] = time_variants(case, variants, timer)
 
     out["T_torch"] = None
@@ -477,6 +478,7 @@ def table_text(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         format_table(shown, TABLE_COLUMNS),
         "",
+        *_failure_notes(rows),
         "summary: " + summary_line(meta["summary"]),
     ]
     if meta["transport"] == "host":
@@ -484,6 +486,19 @@ def table_text(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
             "(host transport: tiny shapes on CPU reference GEMMs; the times say nothing about GPUs)"
         )
     return "\n".join(lines)
+
+
+def _failure_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per distinct reason why torch's op or one of our variants is n/a."""
+    reasons: dict[str, int] = {}
+    for r in rows:
+        if r.get("torch_error"):
+            key = f"torch n/a: {r['torch_error']}"
+            reasons[key] = reasons.get(key, 0) + 1
+        for name, error in r.get("variant_errors", {}).items():
+            key = f"{r['op']}:{name} n/a: {error}"
+            reasons[key] = reasons.get(key, 0) + 1
+    return [f"{reason} ({n} rows)" for reason, n in reasons.items()]
 
 
 def enable_torch_symm_mem(group: Any) -> None:
@@ -518,6 +533,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="bf16,fp8 or one of them")
     parser.add_argument(
         "--methods", default=None, help="fnmatch patterns of variants, e.g. 'gemm_rs:*lanes1*'"
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        default=None,
+        help="modules to import first (comma list): their methods.register() calls add methods",
     )
     parser.add_argument("--iters", type=int, default=None, help="default: 20 (cuda), 3 (host)")
     parser.add_argument("--warmup", type=int, default=None, help="default: 5 (cuda), 1 (host)")
@@ -561,8 +582,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             shapes=_csv(args.shapes) or None,
             dtypes=_csv(args.dtypes),
         )
+        for module in _csv(args.imports):
+            importlib.import_module(module)
         variants = select(_csv(args.methods))
-    except ValueError as exc:
+    except (ValueError, ImportError) as exc:
         if rank0:
             print(f"[overlap_ops] error: {exc}", file=sys.stderr, flush=True)
         dist.destroy_process_group()
@@ -573,6 +596,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ms = time_op(fn, cuda=args.cuda, warmup=args.warmup, iters=args.iters, queued=queued)
         return max_over_ranks(ms)
 
+    if rank0 and args.cuda and args.iters < 20:
+        print(
+            f"[overlap_ops] note: --iters {args.iters} < 20, below the DESIGN.md §6 protocol",
+            flush=True,
+        )
     if rank0:
         tps = sorted({r["tp"] for r in rows})
         print(

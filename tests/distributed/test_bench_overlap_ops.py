@@ -40,12 +40,13 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
     return done
 
 
-def _check_rows(rows: list[dict], variants: set[str]) -> None:
+def _check_rows(rows: list[dict], variants: set[str], errors: set[str] = frozenset()) -> None:
+    assert rows
     for r in rows:
         assert r["T_gemm"] == min(r["T_gemm_whole"], r["T_gemm_chunked"]) > 0
         assert r["T_comm"] > 0 and r["T_seq"] > 0
         assert set(r["T_ours_by_variant"]) == variants, r["T_ours_by_variant"]
-        assert r["variant_errors"] == {}
+        assert set(r["variant_errors"]) == errors, r["variant_errors"]
         assert r["T_ours"] == min(r["T_ours_by_variant"].values()) > 0
         assert r["floor"] == max(r["T_gemm"], r["T_comm"])
         assert r["ours_over_floor"] == pytest.approx(r["T_ours"] / r["floor"])
@@ -132,10 +133,51 @@ def test_full_suite_options_with_tp2_subgroups(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
-def test_bad_selection_fails_cleanly(tmp_path: Path) -> None:
-    cmd = ["benchmarks.overlap_ops", "--launch", "2", "--out", str(tmp_path), "--tp", "3"]
+def test_methods_added_by_import_and_a_builder_failing_on_one_rank(tmp_path: Path) -> None:
+    """--import registers methods on every rank; a builder that raises on rank 1 only makes
+    that variant n/a (with rank 1's error) on every rank, and the sweep goes on."""
+    _run(
+        [
+            "benchmarks.overlap_ops",
+            "--launch",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--import",
+            "tests.distributed.bench_methods_plugin",
+            "--methods",
+            "test-*,gemm_rs:pipeline/lanes1*",
+            "--shapes",
+            "qkv,proj",
+        ]
+    )
+    result = json.loads((tmp_path / "overlap_ops.json").read_text())
+    rows = result["rows"]
+    assert {(r["op"], r["shape"]) for r in rows} == {("ag_gemm", "qkv"), ("gemm_rs", "proj")}
+    _check_rows([r for r in rows if r["op"] == "ag_gemm"], {"test-reference"})
+    rs = [r for r in rows if r["op"] == "gemm_rs"]
+    _check_rows(rs, {"pipeline/lanes1-split1", "test-reference/exact"}, {"test-broken"})
+    for r in rs:
+        error = r["variant_errors"]["test-broken"]
+        assert error.startswith("rank 1: InvalidArgumentError") and "rank 1 only" in error
+    names = {m["name"] for m in result["methods"]}
+    assert names == {"test-reference", "test-reference/exact", "test-broken",
+                     "pipeline/lanes1-split1", "pipeline/lanes1-split2"}  # fmt: skip
+
+
+BAD = [
+    (["--tp", "3"], "TP sizes [3] do not divide the world size 2"),
+    (["--methods", "gemm_rs:nope*"], "--methods pattern 'gemm_rs:nope*' matches no variant"),
+    (["--import", "benchmarks.no_such_module"], "No module named 'benchmarks.no_such_module'"),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("args", "message"), BAD, ids=["tp", "methods", "import"])
+def test_bad_selection_fails_cleanly(tmp_path: Path, args: list[str], message: str) -> None:
     if shutil.which(settings().mpirun) is None:
         pytest.skip("no mpirun")
+    cmd = ["benchmarks.overlap_ops", "--launch", "2", "--out", str(tmp_path), *args]
     done = subprocess.run(
         [sys.executable, "-m", *cmd],
         cwd=REPO,
@@ -145,7 +187,7 @@ def test_bad_selection_fails_cleanly(tmp_path: Path) -> None:
         timeout=TIMEOUT_S,
     )
     assert done.returncode != 0
-    assert "TP sizes [3] do not divide the world size 2" in done.stderr
+    assert f"[overlap_ops] error: {message}" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "overlap_ops.json").exists()
 
 

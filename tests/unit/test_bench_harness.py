@@ -174,6 +174,13 @@ def test_table_marks_missing_peers_and_the_te_reference() -> None:
     for col in ("T_gemm", "T_comm", "T_seq", "torch", "T_ours", "ours/floor", "vs torch", "TE*"):
         assert col in header
     assert " n/a " in text and "measured on 4xH200" in text and "summary:" in text
+    # the reasons for n/a are listed once each, with their row count
+    rows = rows * 2
+    rows[0] = {**rows[0], "torch_error": "RuntimeError: no symm mem", "variant_errors": {"x": "E"}}
+    rows[1] = {**rows[1], "torch_error": "RuntimeError: no symm mem"}
+    text = bench.table_text(rows, meta)
+    assert "torch n/a: RuntimeError: no symm mem (2 rows)" in text
+    assert "ag_gemm:x n/a: E (1 rows)" in text
 
 
 def test_timing_protocol_documents_each_mode() -> None:
