@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -60,6 +61,74 @@ def time_op(
     return statistics.median(samples)
 
 
+def timing_protocol(*, cuda: bool, queued: bool, warmup: int, iters: int) -> dict[str, Any]:
+    """What :func:`time_op` measured, for a benchmark's JSON (its ``timing`` entry)."""
+    if not cuda:
+        clock = "wall clock (time.perf_counter) around each call; the host transport is synchronous"
+        mode = "host"
+    elif queued:
+        clock = (
+            "CUDA events; a GPU spin (torch.cuda._sleep) is queued ahead of each call, so the "
+            "start event, the op and the end event are all queued before the GPU reaches them: "
+            "the GPU's time alone (kernels and the gaps between them), without the host's "
+            "enqueueing"
+        )
+        mode = "gpu"
+    else:
+        clock = (
+            "CUDA events around each call on an idle GPU: includes the host's work to enqueue "
+            "the call (Python, argument checks, launches) wherever that is longer than the "
+            "GPU's own start"
+        )
+        mode = "e2e"
+    return {
+        "mode": mode,
+        "clock": clock,
+        "warmup": warmup,
+        "iters": iters,
+        "statistic": "median of the timed iterations on each rank, then the maximum over ranks",
+    }
+
+
+class Progress:
+    """Progress lines on stderr for long sweeps: ``[label] i/N message | elapsed, ETA``.
+
+    The ETA assumes the remaining steps take as long as the finished ones did on average.
+    Disabled (silent) on all but one rank."""
+
+    def __init__(self, total: int, label: str, *, enabled: bool = True, stream: Any = None):
+        self.total = total
+        self.label = label
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = 0
+        self.t0 = time.perf_counter()
+
+    def step(self, message: str) -> None:
+        """One step finished."""
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / self.done * (self.total - self.done)
+        print(
+            f"[{self.label}] {self.done}/{self.total} {message} | "
+            f"{_duration(elapsed)} elapsed, ETA {_duration(eta)}",
+            file=self.stream,
+            flush=True,
+        )
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def max_over_ranks(value: float) -> float:
     """The largest ``value`` over all ranks (collective over torch.distributed's world)."""
     import torch.distributed as dist
@@ -99,41 +168,83 @@ def plot_times(
     series: Sequence[tuple[str, str]],
     path: Path,
     title: str,
+    *,
+    hatched: Sequence[str] = (),
+    target: float = 1.10,
+    rows_per_panel: int = 16,
+    y_max: float = 3.0,
 ) -> Path | None:
     """A grouped bar chart (PNG) of times per row: one group per row (labelled by
     ``label_keys``), one bar per ``series`` entry (key, legend label), values normalised to
-    the row's ``floor`` when it has one. Returns ``path``, or None (with a printed reason)
-    when matplotlib is not installed; missing values are skipped."""
+    the row's ``floor`` when it has one, with lines at 1.0 (the floor) and ``target``.
+
+    Series in ``hatched`` are drawn hatched (references not measured by this run); series
+    without any value are left out; long sweeps are cut into panels of ``rows_per_panel``
+    rows, stacked; normalised bars above ``y_max`` are clipped and labelled with their value.
+    Returns ``path``, or None (with a printed reason) when matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError:
         print(f"[plot] matplotlib is not installed: no plot at {path}")
         return None
-    labels = ["\n".join(str(r[k]) for k in label_keys) for r in rows]
-    width = 0.8 / max(1, len(series))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(rows)), 4.0))
-    for i, (key, legend) in enumerate(series):
-        xs, ys = [], []
-        for j, r in enumerate(rows):
-            value, floor = r.get(key), r.get("floor")
-            if isinstance(value, (int, float)):
-                xs.append(j + (i - (len(series) - 1) / 2) * width)
-                ys.append(value / floor if floor else value)
-        if ys:  # a series with no value (e.g. a peer that could not run) gets no legend entry
-            ax.bar(xs, ys, width=width, label=legend, color=f"C{i}")
+
+    def value(r: dict[str, Any], key: str) -> float | None:
+        v, floor = r.get(key), r.get("floor")
+        if not isinstance(v, (int, float)):
+            return None
+        return v / floor if floor else float(v)
+
+    # (colour index, key, legend) of the series with a value: a series keeps its colour
+    active = [(c, k, leg) for c, (k, leg) in enumerate(series) if any(value(r, k) for r in rows)]
     normalised = any(r.get("floor") for r in rows)
-    if normalised:
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.axhline(1.10, color="gray", linewidth=0.8, linestyle="--")
-    ax.set_xticks(range(len(rows)), labels, fontsize=7)
-    ax.set_ylabel("time / floor" if normalised else "ms")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    panels = [rows[i : i + rows_per_panel] for i in range(0, len(rows), rows_per_panel)] or [[]]
+    width = 0.8 / max(1, len(active))
+    fig_w = max(6.0, 0.22 * min(len(rows), rows_per_panel) * (len(active) + 1))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(fig_w, 3.2 * len(panels)), squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels, strict=True):
+        top = 0.0
+        for i, (colour, key, _) in enumerate(active):
+            xs, ys = [], []
+            for j, r in enumerate(panel):
+                v = value(r, key)
+                if v is not None:
+                    xs.append(j + (i - (len(active) - 1) / 2) * width)
+                    ys.append(v)
+            shown = [min(y, y_max) for y in ys] if normalised else ys
+            ax.bar(
+                xs,
+                shown,
+                width=width,
+                color=f"C{colour}",
+                hatch="//" if key in hatched else None,
+                alpha=0.6 if key in hatched else 1.0,
+            )
+            for x, y in zip(xs, ys, strict=True):
+                if normalised and y > y_max:
+                    ax.text(x, y_max, f"{y:.1f}", ha="center", va="bottom", fontsize=6)
+            top = max([top, *shown])
+        if normalised:
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.axhline(target, color="gray", linewidth=0.8, linestyle="--")
+            ax.set_ylim(0, max(target, top) * 1.12)
+        labels = ["\n".join(str(r[k]) for k in label_keys) for r in panel]
+        ax.set_xticks(range(len(panel)), labels, fontsize=7)
+        ax.set_xlim(-0.6, max(len(panel), 4) - 0.4)
+        ax.set_ylabel("time / floor" if normalised else "ms")
+    axes[0, 0].set_title(title, fontsize=9)
+    handles = [
+        Patch(
+            facecolor=f"C{c}", label=leg, **({"hatch": "//", "alpha": 0.6} if k in hatched else {})
+        )
+        for c, k, leg in active
+    ]
+    axes[0, 0].legend(handles=handles, fontsize=7, loc="upper right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

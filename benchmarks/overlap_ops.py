@@ -1,83 +1,238 @@
 """Worker (run under mpirun): the comm-GEMM overlap ops against their floor (DESIGN.md §6).
 
-Per op x shape x dtype, in one run on the same devices (median of ``--iters`` timed runs after
-warm-up, CUDA events on GPUs / wall clock on the host transport, max over ranks):
+Per op x shape x dtype x TP size, in one run on the same devices:
 
-* ``T_gemm``: the best of the whole GEMM and the ``tp`` chunked GEMMs, no communication;
-* ``T_comm``: the library collective alone (NCCL on GPUs, gloo on the host);
-* ``T_seq``: the collective, then the GEMM (:mod:`overlap.ops.reference`);
-* ``T_ours``: :class:`~overlap.ops.AllGatherGemm` / :class:`~overlap.ops.GemmReduceScatter`,
-  the best over compute lanes (1, 2), copies per peer (put_split 1, 2) and, for AG+GEMM,
-  pushes at once or staggered; every variant is in the JSON;
-* torch's async-TP (``torch.ops.symm_mem.fused_*``), or "n/a" where it fails;
-* ``T_ours / floor`` with ``floor = max(T_gemm, T_comm)`` and the overlap efficiency
-  ``1 - (T_ours - T_gemm) / (T_seq - T_gemm)``.
+* ``T_gemm``: the best of the whole GEMM and the ``tp`` chunked GEMMs, no communication (both
+  are in the JSON);
+* ``T_comm``: the collective alone (NCCL on GPUs, gloo on the host transport);
+* ``T_seq``: the collective, then the GEMM (NCCL + cuBLASLt; :mod:`overlap.ops.reference`'s
+  reduce-scatter for GEMM+RS);
+* ``T_ours``: every variant of every registered method (:mod:`benchmarks.methods`; all of them
+  in the JSON, the best in the table with its name);
+* torch's async-TP (``torch.ops.symm_mem.fused_all_gather_matmul`` /
+  ``fused_matmul_reduce_scatter``, their ``_scaled`` variants for FP8), or "n/a" with the
+  reason where it fails;
+* ``T_ours / floor`` with ``floor = max(T_gemm, T_comm)``, the overlap efficiency
+  ``1 - (T_ours - T_gemm) / (T_seq - T_gemm)``, ``vs torch = T_ours / T_torch`` and, on the
+  rows that match DESIGN.md §6's TransformerEngine table (TP = 4, M = 8192), ``vs TE =
+  T_ours / TE best``, where "TE best" is the time MEASURED ON 4xH200 and copied from
+  DESIGN.md (a reference column, not measured by this run).
 
-Quick default: DESIGN.md §6 shapes at M = 8192, TP = world size: fc1 and qkv (AG+GEMM), fc2
-and proj (GEMM+RS), bf16 and fp8. ``--full`` adds M = 16384. Without ``--cuda``: the host
-transport with tiny shapes (a CPU smoke run of the same code).
+Timing: median of ``--iters`` (>= 20 on GPUs) timed runs after warm-up, CUDA events (wall
+clock on the host transport), max over all ranks; ``--timing e2e`` (default) includes the
+host's enqueueing where it is longer than the GPU's start, ``--timing gpu`` queues each call
+behind a GPU spin and measures the GPU alone (benchmarks/common.py; the JSON records which).
 
-    python -m benchmarks.overlap_ops --launch 4 --cuda --out bench_results    # 4 GPUs
-    python -m benchmarks.overlap_ops --launch 4 --out bench_results           # host transport
+Shapes (Llama-3-70B-like, hidden 8192, FFN 28672, GQA QKV 10240):
+
+* quick (default, seconds): M = 8192 at TP = world size: fc1 bf16, qkv fp8 (AG+GEMM), fc2
+  bf16, proj fp8 (GEMM+RS);
+* ``--full``: fc1, qkv, fc2, proj x M = 8192, 16384 x TP = 2, 4 (those that divide the world
+  size, and the world size) x bf16, fp8, plus TE's shapes (AG+GEMM and GEMM+RS with
+  K = N = hidden, hidden 8192 and 4096, M = 8192) at each TP size.
+
+NOTE [TP below the world size]: a TP size smaller than the world (TP = 2 on 4 GPUs) cuts the
+world into contiguous TP groups (ranks [0, 1] and [2, 3]: overlap.comm.tp_subgroup, one
+Communicator and one torch.distributed subgroup per group). ALL groups run every op at the
+same time, as the TP groups of a data-parallel job do, and each time is the maximum over all
+ranks of all groups. On NVLink all-to-all machines the groups use disjoint links.
+
+Without ``--cuda``: the host transport runs the same code with the same rows scaled down to
+tiny shapes (M / 256, K and N / 128 rounded up to 16), a CPU smoke run in seconds.
+
+    python -m benchmarks.overlap_ops --launch 4 --cuda --out bench_results [--full]   # GPUs
+    python -m benchmarks.overlap_ops --launch 4 --out bench_results [--full]   # host transport
 
 ``--launch N`` starts N ranks under mpirun (overlap.launch.mpirun_command: the no-multicast
-variables of DESIGN.md §7 included); without it, the script is the per-rank worker.
+variables of DESIGN.md §7 included); without it, the script is the per-rank worker. Rank 0
+prints progress on stderr and, at the end, the table, a summary line and the paths of the
+JSON (``overlap_ops.json``), the table (``overlap_ops.txt``) and the plot
+(``overlap_ops.png``, when matplotlib is installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import format_table, max_over_ranks, plot_times, time_op, write_json
-from overlap.comm import Communicator, TorchBootstrap, TransportKind
+from benchmarks.common import (
+    Progress,
+    format_table,
+    max_over_ranks,
+    plot_times,
+    time_op,
+    timing_protocol,
+    write_json,
+)
+from benchmarks.methods import Case, Variant, select
+from overlap.comm import Communicator, TorchBootstrap, TransportKind, tp_subgroup
 from overlap.gemm import gemm
 from overlap.info import summary
 from overlap.launch import init_torch_distributed, mpirun_command
-from overlap.ops import (
-    AllGatherGemm,
-    GemmReduceScatter,
-    all_gather_gemm_reference,
-    all_gather_rows,
-    gemm_reduce_scatter_reference,
-)
+from overlap.ops import all_gather_rows, gemm_reduce_scatter_reference
 from overlap.quantization import CurrentScalingConfig, QuantizedTensor, make_quantizer
 
 HIDDEN, FFN, QKV = 8192, 28672, 10240  # Llama-3-70B-like (DESIGN.md §6)
+SUITE_TOKENS = (8192, 16384)
+SUITE_TP = (2, 4)
+TE_HIDDEN = (8192, 4096)
+DTYPES = ("bf16", "fp8")
+QUICK = (("fc1", "bf16"), ("qkv", "fp8"), ("fc2", "bf16"), ("proj", "fp8"))
+TARGET = 1.10  # every row: T_ours <= 1.10 x floor (DESIGN.md §6)
+MEDIAN_TARGET = 1.03
+HOST_M_DIV, HOST_KN_DIV, HOST_ALIGN = 256, 128, 16
+
+# DESIGN.md §6, second table: TransformerEngine 2.20 userbuffers' best time (ms) and method,
+# MEASURED ON 4xH200 by TE's own script (multicast off), TP = 4, M = 8192, K = N = hidden.
+# Shown beside the rows of the same op/hidden/dtype at TP = 4, M = 8192 on GPUs, never as a
+# time of this run.
+TE_TP, TE_TOKENS = 4, 8192
+TE_BEST_4XH200 = {
+    ("ag_gemm", 8192, "bf16"): (1.48, "ring"),
+    ("ag_gemm", 8192, "fp8"): (0.755, "ring"),
+    ("gemm_rs", 8192, "bf16"): (1.55, "ring"),
+    ("gemm_rs", 8192, "fp8"): (0.81, "ring"),
+    ("ag_gemm", 4096, "bf16"): (0.386, "ring"),
+    ("ag_gemm", 4096, "fp8"): (0.298, "ring"),
+    ("gemm_rs", 4096, "bf16"): (0.416, "ring"),
+    ("gemm_rs", 4096, "fp8"): (0.29, "ring"),
+}
+TE_SOURCE = (
+    "TransformerEngine 2.20 userbuffers, best method, measured on 4xH200 (NVLink all-to-all) "
+    "with TE's own script, TP = 4, M = 8192 (DESIGN.md §6); a reference, not measured by this run"
+)
 
 
-def suite(tp: int, tokens: list[int], cuda: bool) -> list[dict[str, Any]]:
-    """(op, name, M, K, N): AG+GEMM gives K = hidden and the local N; GEMM+RS the local K."""
-    if not cuda:  # tiny CPU shapes: the host GEMM is a float64 reference
-        return [
-            {"op": "ag_gemm", "shape": "tiny", "M": 32 * tp, "K": 64, "N": 64},
-            {"op": "gemm_rs", "shape": "tiny", "M": 32 * tp, "K": 64, "N": 64},
-        ]
+# --- the suite -------------------------------------------------------------------------------
+
+
+def llama_shape(name: str, m: int, tp: int) -> dict[str, Any]:
+    """One DESIGN.md §6 shape: AG+GEMM gives K = hidden and the local N; GEMM+RS the local K."""
+    ops = {
+        "fc1": ("ag_gemm", HIDDEN, 2 * FFN // tp),
+        "qkv": ("ag_gemm", HIDDEN, QKV // tp),
+        "fc2": ("gemm_rs", FFN // tp, HIDDEN),
+        "proj": ("gemm_rs", HIDDEN // tp, HIDDEN),
+    }
+    op, k, n = ops[name]
+    return {"op": op, "shape": name, "M": m, "K": k, "N": n, "tp": tp}
+
+
+def te_shape(op: str, hidden: int, tp: int) -> dict[str, Any]:
+    """TE's benchmark shapes: K = N = hidden for both ops (the local GEMM), M = 8192."""
+    return {"op": op, "shape": f"te{hidden}", "M": TE_TOKENS, "K": hidden, "N": hidden, "tp": tp}
+
+
+def suite_tp_sizes(world: int, full: bool) -> list[int]:
+    """Quick: the world size. Full: 2 and 4 where they divide the world size, and the world."""
+    if not full:
+        return [world]
+    return sorted({t for t in SUITE_TP if t <= world and world % t == 0} | {world})
+
+
+def build_suite(
+    world: int,
+    *,
+    full: bool,
+    cuda: bool,
+    tp_sizes: Sequence[int] | None = None,
+    shapes: Sequence[str] | None = None,
+    dtypes: Sequence[str] = DTYPES,
+) -> list[dict[str, Any]]:
+    """The rows to run, grouped by TP size: dicts of op, shape, M, K, N, tp, dtype.
+
+    Args:
+        world: the number of ranks.
+        full: the whole suite (else the quick rows).
+        cuda: real shapes (else scaled down for the host transport, see :func:`host_scaled`).
+        tp_sizes: TP sizes to run (default :func:`suite_tp_sizes`); each must divide ``world``.
+        shapes: keep only these shape names (fc1, qkv, fc2, proj, te8192, te4096).
+        dtypes: keep only these dtypes (bf16, fp8).
+
+    Raises:
+        ValueError: a TP size that does not divide ``world``, an unknown dtype or shape, or
+            a selection that leaves no row.
+    """
+    tps = list(tp_sizes) if tp_sizes else suite_tp_sizes(world, full)
+    bad = [t for t in tps if t < 1 or world % t]
+    if bad:
+        raise ValueError(f"TP sizes {bad} do not divide the world size {world}")
+    unknown = sorted(set(dtypes) - set(DTYPES))
+    if unknown:
+        raise ValueError(f"unknown dtypes {unknown}; choose from {DTYPES}")
     rows = []
-    for m in tokens:
-        rows += [
-            {"op": "ag_gemm", "shape": "fc1", "M": m, "K": HIDDEN, "N": 2 * FFN // tp},
-            {"op": "ag_gemm", "shape": "qkv", "M": m, "K": HIDDEN, "N": QKV // tp},
-            {"op": "gemm_rs", "shape": "fc2", "M": m, "K": FFN // tp, "N": HIDDEN},
-            {"op": "gemm_rs", "shape": "proj", "M": m, "K": HIDDEN // tp, "N": HIDDEN},
-        ]
-    return rows
+    for tp in tps:
+        if full:
+            for m in SUITE_TOKENS:
+                for name in ("fc1", "qkv", "fc2", "proj"):
+                    rows += [{**llama_shape(name, m, tp), "dtype": d} for d in DTYPES]
+            for hidden in TE_HIDDEN:
+                for op in ("ag_gemm", "gemm_rs"):
+                    rows += [{**te_shape(op, hidden, tp), "dtype": d} for d in DTYPES]
+        else:
+            rows += [{**llama_shape(name, SUITE_TOKENS[0], tp), "dtype": d} for name, d in QUICK]
+    known = {r["shape"] for r in rows}
+    if shapes:
+        missing = sorted(set(shapes) - known)
+        if missing:
+            raise ValueError(f"unknown shapes {missing} in this suite; shapes: {sorted(known)}")
+        rows = [r for r in rows if r["shape"] in shapes]
+    rows = [r for r in rows if r["dtype"] in dtypes]
+    if not rows:
+        raise ValueError("the selection (--shapes / --dtypes / --tp) leaves no row")
+    return rows if cuda else [host_scaled(r) for r in rows]
 
 
-def operand(x: torch.Tensor, fp8: bool) -> torch.Tensor | QuantizedTensor:
+def host_scaled(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's tiny twin for the host transport (a float64 reference GEMM on the CPU):
+    M / 256 (rounded up to a multiple of tp), K and N / 128 (rounded up to multiples of 16,
+    as FP8 GEMMs need)."""
+
+    def up(v: int, to: int) -> int:
+        return max(to, -(-v // to) * to)
+
+    return {
+        **row,
+        "M": up(row["M"] // HOST_M_DIV, row["tp"]),
+        "K": up(row["K"] // HOST_KN_DIV, HOST_ALIGN),
+        "N": up(row["N"] // HOST_KN_DIV, HOST_ALIGN),
+    }
+
+
+def te_reference(row: dict[str, Any], cuda: bool) -> tuple[float, str] | None:
+    """(TE best ms measured on 4xH200, its method) for a row that matches DESIGN.md §6's TE
+    table: a GPU row at TP = 4, M = 8192 of the TE shapes (K = N = hidden), same dtype."""
+    if not cuda or row["tp"] != TE_TP or row["M"] != TE_TOKENS or row["K"] != row["N"]:
+        return None
+    if row["shape"] != f"te{row['K']}":
+        return None
+    return TE_BEST_4XH200.get((row["op"], row["K"], row["dtype"]))
+
+
+# --- one row ---------------------------------------------------------------------------------
+
+
+def operand(
+    x: torch.Tensor, fp8: bool, amax_group: object = None
+) -> torch.Tensor | QuantizedTensor:
+    """``x`` as it enters the op: bf16, or per-tensor FP8 (current scaling; with an
+    ``amax_group`` all its ranks share one scale, as sequence-parallel shards do)."""
     if not fp8:
         return x
-    return make_quantizer(CurrentScalingConfig(), columnwise=False).quantize(x)
+    quantizer = make_quantizer(CurrentScalingConfig(), columnwise=False)
+    return quantizer.quantize(x, amax_group=amax_group)
 
 
 def data_of(x: torch.Tensor | QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -86,8 +241,8 @@ def data_of(x: torch.Tensor | QuantizedTensor) -> tuple[torch.Tensor, torch.Tens
     return x, None
 
 
-def best_gemm(a: torch.Tensor | QuantizedTensor, w, tp: int, timer) -> float:
-    """min(whole GEMM, tp chunked GEMMs into one output)."""
+def gemm_times(a, w, tp: int, timer: Callable[[Callable[[], object]], float]) -> dict:
+    """The whole GEMM ``a @ w.T`` and the same as ``tp`` row chunks into one output."""
     ad, asi = data_of(a)
     wd, wsi = data_of(w)
     out = torch.empty((ad.shape[0], wd.shape[0]), dtype=torch.bfloat16, device=ad.device)
@@ -98,100 +253,263 @@ def best_gemm(a: torch.Tensor | QuantizedTensor, w, tp: int, timer) -> float:
         for j in range(tp):
             gemm(ad[j * m : (j + 1) * m], wd, row_offset=j * m, **kw)
 
-    return min(timer(lambda: gemm(ad, wd, **kw)), timer(chunked))
+    return {"whole": timer(lambda: gemm(ad, wd, **kw)), "chunked": timer(chunked)}
 
 
-def torch_async_tp(row: dict, a, w, group_name: str) -> Callable[[], object]:
-    """torch's fused op for this row (the caller reports "n/a" when it raises)."""
+def sequential_ag_gemm(a, w, group: Any, out: torch.Tensor) -> torch.Tensor:
+    """T_seq of AG+GEMM: the all-gather (NCCL / gloo), then one GEMM. The shards share one
+    scale_inv (quantized with the group's amax), so unlike the reference op this needs no
+    check of the gathered scales (a host synchronisation)."""
+    ad, asi = data_of(a)
+    wd, wsi = data_of(w)
+    gathered = all_gather_rows(ad, group)
+    return gemm(gathered, wd, transb=True, a_scale_inv=asi, b_scale_inv=wsi, out=out)
+
+
+def torch_async_tp(op: str, a, w, group_name: str) -> tuple[str, Callable[[], object]]:
+    """(name, call) of torch's fused op for this row; the caller reports "n/a" when it
+    raises (a missing op, an unsupported dtype or layout, symmetric memory unavailable)."""
     sm = torch.ops.symm_mem
     ad, asi = data_of(a)
     wd, wsi = data_of(w)
     fp8 = asi is not None
-    if row["op"] == "ag_gemm":
+    if op == "ag_gemm":
         if fp8:
-            return lambda: sm.fused_all_gather_scaled_matmul(
+            return "fused_all_gather_scaled_matmul", lambda: sm.fused_all_gather_scaled_matmul(
                 ad, [wd.t()], asi, [wsi], 0, group_name, [None], [None], [torch.bfloat16], [True]
             )
-        return lambda: sm.fused_all_gather_matmul(ad, [wd.t()], 0, group_name)
+        # Without return_A (where torch has it) torch does not copy the gathered input out.
+        schema = sm.fused_all_gather_matmul.default._schema
+        has_return_a = any(arg.name == "return_A" for arg in schema.arguments)
+        kw = {"return_A": False} if has_return_a else {}
+        return "fused_all_gather_matmul", lambda: sm.fused_all_gather_matmul(
+            ad, [wd.t()], 0, group_name, **kw
+        )
     if fp8:
         shape = [ad.shape[0], wd.shape[0]]
-        return lambda: sm.fused_scaled_matmul_reduce_scatter(
+        return "fused_scaled_matmul_reduce_scatter", lambda: sm.fused_scaled_matmul_reduce_scatter(
             ad, wd.t(), asi, wsi, "sum", 0, 0, group_name, shape, None, None, torch.bfloat16, True
         )
-    return lambda: sm.fused_matmul_reduce_scatter(ad, wd.t(), "sum", 0, group_name)
+    return "fused_matmul_reduce_scatter", lambda: sm.fused_matmul_reduce_scatter(
+        ad, wd.t(), "sum", 0, group_name
+    )
 
 
-def bench_row(row: dict, fp8: bool, comm: Communicator, cuda: bool, iters: int) -> dict:
+def first_error(error: str | None) -> str | None:
+    """COLLECTIVE over the world: the lowest rank's error, or None when every rank is fine
+    (so that every rank skips, or times, a variant together)."""
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return next((f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None), None)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def time_variants(
+    case: Case, variants: Sequence[Variant], timer: Callable[[Callable[[], object]], float]
+) -> tuple[dict[str, float], dict[str, str]]:
+    """(ms by variant name, error by variant name) of the variants that apply to ``case``.
+
+    A variant whose builder raises on any rank is reported with the error and skipped by all
+    ranks; the objects the builders kept are destroyed at the end."""
+    times: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    try:
+        for v in variants:
+            if not v.applies(case):
+                continue
+            run, error = None, None
+            try:
+                run = v.make(case)
+            except Exception as exc:  # reported as n/a (after every rank agreed)
+                error = _describe(exc)
+            error = first_error(error)
+            if error is not None:
+                errors[v.name] = error
+                continue
+            times[v.name] = timer(run)
+    finally:
+        case.release()
+    return times, errors
+
+
+def bench_row(
+    row: dict[str, Any],
+    comm: Communicator,
+    group: Any,
+    variants: Sequence[Variant],
+    *,
+    cuda: bool,
+    timer: Callable[[Callable[[], object]], float],
+) -> dict[str, Any]:
+    """Every time of one row (COLLECTIVE over the world: all TP groups run it at once)."""
     tp = comm.group.size
-    group = comm.group.group
+    fp8 = row["dtype"] == "fp8"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
     m_all, k, n = row["M"], row["K"], row["N"]
 
-    def timer(fn: Callable[[], object]) -> float:
-        return max_over_ranks(time_op(fn, cuda=cuda, warmup=3 if cuda else 1, iters=iters))
-
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, device=device).to(torch.bfloat16)
 
-    out: dict[str, Any] = dict(row, dtype="fp8" if fp8 else "bf16", tp=tp)
+    out: dict[str, Any] = dict(row)
     w = operand(randn(n, k) * 0.05, fp8)
-    variants: dict[str, float] = {}
     if row["op"] == "ag_gemm":
-        shard = operand(randn(m_all // tp, k), fp8)
-        full = operand(randn(m_all, k), fp8)
-        out["T_gemm"] = best_gemm(full, w, tp, timer)
-        out["T_comm"] = timer(lambda: all_gather_rows(data_of(shard)[0], group))
-        out["T_seq"] = timer(lambda: all_gather_gemm_reference(shard, w, group=group))
+        a = operand(randn(m_all // tp, k), fp8, amax_group=group)
+        gemms = gemm_times(operand(randn(m_all, k), fp8), w, tp, timer)
+        out["T_comm"] = timer(lambda: all_gather_rows(data_of(a)[0], group))
         y = torch.empty((m_all, n), dtype=torch.bfloat16, device=device)
-        for lanes in (1, 2):
-            op = AllGatherGemm(comm, m_all, k, data_of(shard)[0].dtype, compute_lanes=lanes)
-            for split in (1, 2) if cuda else (1,):
-                for staggered in (False, True):
-                    op.buffer.put_split = split
-                    op.staggered_puts = staggered
-                    name = f"lanes{lanes}-split{split}" + ("-staggered" if staggered else "")
-                    variants[name] = timer(lambda op=op: op(shard, w, out=y))
-            op.destroy()
+        out["T_seq"] = timer(lambda: sequential_ag_gemm(a, w, group, torch.empty_like(y)))
     else:
-        x = operand(randn(m_all, k), fp8)
-        out["T_gemm"] = best_gemm(x, w, tp, timer)
+        a = operand(randn(m_all, k), fp8)
+        gemms = gemm_times(a, w, tp, timer)
         partial = randn(m_all, n)
-        shard_out = torch.empty((m_all // tp, n), dtype=torch.bfloat16, device=device)
+        y = torch.empty((m_all // tp, n), dtype=torch.bfloat16, device=device)
         if cuda:
-            out["T_comm"] = timer(
-                lambda: dist.reduce_scatter_tensor(shard_out, partial, group=group)
-            )
+            out["T_comm"] = timer(lambda: dist.reduce_scatter_tensor(y, partial, group=group))
         else:  # gloo has no reduce-scatter: the all-gather the exact reference sums after
             out["T_comm"] = timer(lambda: all_gather_rows(partial.unsqueeze(0), group))
         out["T_seq"] = timer(
-            lambda: gemm_reduce_scatter_reference(x, w, group=group, exact=not cuda)
+            lambda: gemm_reduce_scatter_reference(a, w, group=group, exact=not cuda)
         )
-        for lanes in (1, 2):
-            op = GemmReduceScatter(comm, m_all, n, torch.bfloat16, compute_lanes=lanes)
-            for split in (1, 2) if cuda else (1,):
-                op.buffer.put_split = split
-                variants[f"lanes{lanes}-split{split}"] = timer(
-                    lambda op=op: op(x, w, out=shard_out)
-                )
-            op.destroy()
-    best = min(variants, key=variants.get)
-    out["T_ours_by_variant"] = variants
-    out["best_variant"] = best
-    out["T_ours"] = variants[best]
-    out["T_torch"] = "n/a"
-    if cuda:
+    out["T_gemm"] = min(gemms.values())
+    out["T_gemm_whole"], out["T_gemm_chunked"] = gemms["whole"], gemms["chunked"]
+    case = Case(row["op"], comm, m_all, k, n, a, w, y, fp8, cuda, group=group)
+    out["T_ours_by_variant"], out["variant_errors"] = time_variants(case, variants, timer)
+
+    out["T_torch"] = None
+    if not cuda:
+        out["torch_error"] = "needs CUDA symmetric memory (host transport)"
+    else:
         try:
-            fn = torch_async_tp(row, shard if row["op"] == "ag_gemm" else x, w, group.group_name)
+            out["torch_op"], fn = torch_async_tp(row["op"], a, w, group.group_name)
             out["T_torch"] = timer(fn)
         except Exception as exc:  # any failure of torch's op is reported as n/a
-            out["torch_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    floor = max(out["T_gemm"], out["T_comm"])
-    out["floor"] = floor
-    out["ours_over_floor"] = out["T_ours"] / floor
-    gain = out["T_seq"] - out["T_gemm"]
-    out["efficiency"] = 1 - (out["T_ours"] - out["T_gemm"]) / gain if gain > 0 else None
-    return out
+            out["torch_error"] = _describe(exc)
+    te = te_reference(row, cuda)
+    out["T_te_ref"], out["te_ref_method"] = te if te else (None, None)
+    return add_metrics(out)
+
+
+def add_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    """Adds the best variant and the ratios to a row with T_gemm, T_comm, T_seq,
+    T_ours_by_variant, T_torch and T_te_ref (None where absent)."""
+    variants = row["T_ours_by_variant"]
+    best = min(variants, key=variants.get) if variants else None
+    row["best_variant"] = best
+    row["T_ours"] = variants[best] if best else None
+    row["floor"] = floor = max(row["T_gemm"], row["T_comm"])
+    ours = row["T_ours"]
+    gain = row["T_seq"] - row["T_gemm"]
+
+    def ratio(other: float | None) -> float | None:
+        return ours / other if ours is not None and other else None
+
+    row["ours_over_floor"] = ratio(floor)
+    row["efficiency"] = 1 - (ours - row["T_gemm"]) / gain if ours is not None and gain > 0 else None
+    row["vs_torch"] = ratio(row.get("T_torch"))
+    row["vs_te"] = ratio(row.get("T_te_ref"))
+    return row
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Counts against the DESIGN.md §6 targets."""
+    ratios = [r["ours_over_floor"] for r in rows if r.get("ours_over_floor") is not None]
+    torch_rows = [r for r in rows if r.get("vs_torch") is not None]
+    te_rows = [r for r in rows if r.get("vs_te") is not None]
+    return {
+        "rows": len(rows),
+        "rows_timed": len(ratios),
+        "target": TARGET,
+        "median_target": MEDIAN_TARGET,
+        "rows_within_target": sum(x <= TARGET for x in ratios),
+        "median_ours_over_floor": statistics.median(ratios) if ratios else None,
+        "worst_ours_over_floor": max(ratios) if ratios else None,
+        "rows_with_torch": len(torch_rows),
+        "rows_faster_than_torch": sum(r["vs_torch"] < 1 for r in torch_rows),
+        "rows_with_te_ref": len(te_rows),
+        "rows_faster_than_te_ref": sum(r["vs_te"] < 1 for r in te_rows),
+    }
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    median = s["median_ours_over_floor"]
+    worst = s["worst_ours_over_floor"]
+    return (
+        f"rows <= {s['target']:.2f} x floor: {s['rows_within_target']}/{s['rows']}; median "
+        f"ours/floor {'-' if median is None else f'{median:.3f}'} (target <= "
+        f"{s['median_target']:.2f}), worst {'-' if worst is None else f'{worst:.3f}'}; faster "
+        f"than torch async-TP: {s['rows_faster_than_torch']}/{s['rows_with_torch']}; faster "
+        f"than TE best (4xH200 reference): {s['rows_faster_than_te_ref']}/{s['rows_with_te_ref']}"
+    )
+
+
+TABLE_COLUMNS = [
+    ("op", "op"),
+    ("shape", "shape"),
+    ("M", "M"),
+    ("K", "K"),
+    ("N", "N"),
+    ("tp", "tp"),
+    ("dtype", "dtype"),
+    ("T_gemm", "T_gemm"),
+    ("T_comm", "T_comm"),
+    ("T_seq", "T_seq"),
+    ("torch", "torch"),
+    ("T_ours", "T_ours"),
+    ("best_variant", "best variant"),
+    ("ours_over_floor", "ours/floor"),
+    ("efficiency", "eff"),
+    ("vs_torch", "vs torch"),
+    ("T_te_ref", "TE*"),
+    ("vs_te", "vs TE*"),
+]
+
+
+def table_text(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The readable table with its header and footnotes, and the summary line."""
+    shown = [
+        {
+            **r,
+            "torch": r["T_torch"] if r["T_torch"] is not None else "n/a",
+            "T_ours": r["T_ours"] if r["T_ours"] is not None else "n/a",
+        }
+        for r in rows
+    ]
+    timing = meta["timing"]
+    lines = [
+        f"comm-GEMM overlap on {meta['world_size']} ranks ({meta['transport']} transport, "
+        f"{meta.get('gpu') or 'CPU'}), ms: median of {timing['iters']} after "
+        f"{timing['warmup']} warm-up, max over ranks, timing mode {timing['mode']!r}",
+        "floor = max(T_gemm, T_comm); eff = 1 - (T_ours - T_gemm) / (T_seq - T_gemm); "
+        "vs X = T_ours / T_X (< 1: ours faster); torch = torch async-TP (n/a: see JSON)",
+        f"TE* = {TE_SOURCE}",
+        "",
+        format_table(shown, TABLE_COLUMNS),
+        "",
+        *_failure_notes(rows),
+        "summary: " + summary_line(meta["summary"]),
+    ]
+    if meta["transport"] == "host":
+        lines.append(
+            "(host transport: tiny shapes on CPU reference GEMMs; the times say nothing about GPUs)"
+        )
+    return "\n".join(lines)
+
+
+def _failure_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per distinct reason why torch's op or one of our variants is n/a."""
+    reasons: dict[str, int] = {}
+    for r in rows:
+        if r.get("torch_error"):
+            key = f"torch n/a: {r['torch_error']}"
+            reasons[key] = reasons.get(key, 0) + 1
+        for name, error in r.get("variant_errors", {}).items():
+            key = f"{r['op']}:{name} n/a: {error}"
+            reasons[key] = reasons.get(key, 0) + 1
+    return [f"{reason} ({n} rows)" for reason, n in reasons.items()]
 
 
 def enable_torch_symm_mem(group: Any) -> None:
@@ -208,93 +526,194 @@ def enable_torch_symm_mem(group: Any) -> None:
         print(f"[overlap_ops] torch symmetric memory unavailable: {exc}", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cuda", action="store_true")
-    parser.add_argument("--full", action="store_true", help="also M = 16384")
+def _csv(text: str | None) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else []
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.overlap_ops", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", type=Path, required=True, help="directory of the outputs")
+    parser.add_argument("--cuda", action="store_true", help="cuda transport (else host)")
+    parser.add_argument(
+        "--full", action="store_true", help="the whole DESIGN.md §6 suite and TE's shapes"
+    )
+    parser.add_argument("--tp", default=None, help="TP sizes, e.g. 2,4 (default: see --help)")
+    parser.add_argument("--shapes", default=None, help="only these shapes, e.g. fc1,te8192")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="bf16,fp8 or one of them")
+    parser.add_argument(
+        "--methods", default=None, help="fnmatch patterns of variants, e.g. 'gemm_rs:*lanes1*'"
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        default=None,
+        help="modules to import first (comma list): their methods.register() calls add methods",
+    )
     parser.add_argument("--iters", type=int, default=None, help="default: 20 (cuda), 3 (host)")
-    parser.add_argument("--dtypes", default="bf16,fp8")
+    parser.add_argument("--warmup", type=int, default=None, help="default: 5 (cuda), 1 (host)")
+    parser.add_argument(
+        "--timing",
+        choices=("e2e", "gpu"),
+        default="e2e",
+        help="e2e: CUDA events on an idle GPU, host enqueueing included where it is longer "
+        "than the GPU's start; gpu: each call queued behind a GPU spin (GPU time alone)",
+    )
     parser.add_argument("--launch", type=int, default=0, help="start N ranks under mpirun")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.iters = args.iters or (20 if args.cuda else 3)
+    args.warmup = args.warmup if args.warmup is not None else (5 if args.cuda else 1)
+    if args.iters < 1 or args.warmup < 0:
+        parser.error("--iters must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
     if args.launch:
-        argv = [a for i, a in enumerate(sys.argv[1:]) if not _is_launch_arg(sys.argv[1:], i)]
+        worker_argv = [a for i, a in enumerate(argv) if not _is_launch_arg(argv, i)]
         cmd = mpirun_command(
             args.launch,
-            [sys.executable, "-u", "-m", "benchmarks.overlap_ops", *argv],
+            [sys.executable, "-u", "-m", "benchmarks.overlap_ops", *worker_argv],
             env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])},
             tag_output=False,
         )
-        sys.exit(subprocess.call(cmd, env=os.environ.copy()))
-    args.iters = args.iters or (20 if args.cuda else 3)
+        return subprocess.call(cmd, env=os.environ.copy())
     launch = init_torch_distributed("nccl" if args.cuda else "gloo")
     t0 = time.time()
-    boot = TorchBootstrap()
-    comm = Communicator(boot, TransportKind.CUDA if args.cuda else TransportKind.HOST)
-    if args.cuda:
-        enable_torch_symm_mem(boot.group)
-    tokens = [8192, 16384] if args.full else [8192]
-    rows = []
-    for row in suite(boot.size, tokens, args.cuda):
-        for dtype in args.dtypes.split(","):
-            rows.append(bench_row(row, dtype == "fp8", comm, args.cuda, args.iters))
-            if launch.rank == 0:
-                r = rows[-1]
-                print(
-                    f"[overlap_ops] {r['op']} {r['shape']} M={r['M']} {r['dtype']}: ours "
-                    f"{r['T_ours']:.3f} ms, floor {r['floor']:.3f} ms",
-                    flush=True,
-                )
-    comm.destroy()
+    rank0 = launch.rank == 0
+    try:  # argument errors: on every rank alike, before any communication
+        rows = build_suite(
+            launch.world_size,
+            full=args.full,
+            cuda=args.cuda,
+            tp_sizes=[int(t) for t in _csv(args.tp)] or None,
+            shapes=_csv(args.shapes) or None,
+            dtypes=_csv(args.dtypes),
+        )
+        for module in _csv(args.imports):
+            importlib.import_module(module)
+        variants = select(_csv(args.methods))
+    except (ValueError, ImportError) as exc:
+        if rank0:
+            print(f"[overlap_ops] error: {exc}", file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        return 2
+    queued = args.cuda and args.timing == "gpu"
+
+    def timer(fn: Callable[[], object]) -> float:
+        ms = time_op(fn, cuda=args.cuda, warmup=args.warmup, iters=args.iters, queued=queued)
+        return max_over_ranks(ms)
+
+    if rank0 and args.cuda and args.iters < 20:
+        print(
+            f"[overlap_ops] note: --iters {args.iters} < 20, below the DESIGN.md §6 protocol",
+            flush=True,
+        )
+    if rank0:
+        tps = sorted({r["tp"] for r in rows})
+        print(
+            f"[overlap_ops] {len(rows)} rows ({'full' if args.full else 'quick'} suite, TP "
+            f"{tps}, {args.iters} iters), {len(variants)} variants registered; progress on "
+            f"stderr",
+            flush=True,
+        )
+    progress = Progress(len(rows), "overlap_ops", enabled=rank0)
+    kind = TransportKind.CUDA if args.cuda else TransportKind.HOST
+    world = TorchBootstrap()
+    results = []
+    for tp in dict.fromkeys(r["tp"] for r in rows):  # in order, each TP size once
+        # NOTE [TP below the world size]: every TP group runs every row at the same time.
+        boot = world if tp == world.size else tp_subgroup(world, tp)
+        comm = Communicator(boot, kind)
+        if args.cuda:
+            enable_torch_symm_mem(boot.group)
+        try:
+            for row in (r for r in rows if r["tp"] == tp):
+                res = bench_row(row, comm, boot.group, variants, cuda=args.cuda, timer=timer)
+                results.append(res)
+                progress.step(_progress_message(res))
+        finally:
+            comm.destroy()
     dist.barrier()
     dist.destroy_process_group()
-    if launch.rank != 0:
-        return
-    result = {
+    if not rank0:
+        return 0
+    meta: dict[str, Any] = {
         "benchmark": "overlap_ops",
+        "suite": "full" if args.full else "quick",
         "transport": "cuda" if args.cuda else "host",
         "world_size": launch.world_size,
         "host": platform.node(),
-        "overlap_build": summary(),
         "gpu": torch.cuda.get_device_name() if args.cuda else None,
-        "iters": args.iters,
-        "rows": rows,
-        "seconds": time.time() - t0,
+        "torch": torch.__version__,
+        "overlap_build": summary(),
+        "argv": argv,
+        "timing": timing_protocol(
+            cuda=args.cuda, queued=queued, warmup=args.warmup, iters=args.iters
+        ),
+        "tp_layout": "TP groups of contiguous ranks; with TP < world size all groups run each "
+        "op at the same time and times are the max over all ranks (NOTE [TP below the world "
+        "size] in benchmarks/overlap_ops.py)",
+        "shapes_note": None
+        if args.cuda
+        else f"host transport: DESIGN.md §6 rows scaled to M / {HOST_M_DIV}, K and N / "
+        f"{HOST_KN_DIV} (rounded up to {HOST_ALIGN})",
+        "te_reference": {
+            "source": TE_SOURCE,
+            "rows": "GPU rows of the TE shapes (te8192, te4096) at TP = 4, M = 8192",
+        },
+        "definitions": {
+            "T_gemm": "min(T_gemm_whole, T_gemm_chunked): the GEMM alone, whole or as tp row "
+            "chunks into one output",
+            "T_comm": "the collective alone (NCCL all-gather / reduce-scatter on GPUs; gloo "
+            "all-gather on the host)",
+            "T_seq": "the collective, then the GEMM (no overlap)",
+            "T_ours": "the best of T_ours_by_variant (benchmarks/methods.py)",
+            "floor": "max(T_gemm, T_comm)",
+            "efficiency": "1 - (T_ours - T_gemm) / (T_seq - T_gemm)",
+            "vs_torch": "T_ours / T_torch",
+            "vs_te": "T_ours / T_te_ref (a 4xH200 reference, not measured here)",
+        },
+        "methods": [
+            {"op": v.op, "name": v.name, "method": v.method, "kwargs": dict(v.kwargs)}
+            for v in variants
+        ],
     }
-    write_json(args.out / "overlap_ops.json", result)
-    print(
-        f"\ncomm-GEMM overlap, TP = {launch.world_size}, ms (median of {args.iters}, max over "
-        f"ranks); floor = max(T_gemm, T_comm); eff = 1 - (ours - gemm) / (seq - gemm)"
-    )
-    print(
-        format_table(
-            rows,
-            [
-                ("op", "op"),
-                ("shape", "shape"),
-                ("M", "M"),
-                ("dtype", "dtype"),
-                ("T_gemm", "T_gemm"),
-                ("T_comm", "T_comm"),
-                ("T_seq", "T_seq"),
-                ("T_torch", "torch"),
-                ("T_ours", "T_ours"),
-                ("best_variant", "best"),
-                ("ours_over_floor", "ours/floor"),
-                ("efficiency", "eff"),
-            ],
-        )
-    )
+    meta["summary"] = summarize(results)
+    meta["seconds"] = time.time() - t0
+    json_path = args.out / "overlap_ops.json"
+    write_json(json_path, {**meta, "rows": results})
+    text = table_text(results, meta)
+    table_path = args.out / "overlap_ops.txt"
+    table_path.write_text(text + "\n")
+    print("\n" + text, flush=True)
     plot = plot_times(
-        rows,
-        ("op", "shape", "dtype"),
-        [("T_seq", "sequential (NCCL + GEMM)"), ("T_torch", "torch async-TP"), ("T_ours", "ours")],
+        results,
+        ("op", "shape", "M", "tp", "dtype"),
+        [
+            ("T_seq", "sequential (collective + GEMM)"),
+            ("T_torch", "torch async-TP"),
+            ("T_te_ref", "TE best (4xH200 reference, DESIGN.md)"),
+            ("T_ours", "ours (best variant)"),
+        ],
         args.out / "overlap_ops.png",
-        f"overlap ops, TP = {launch.world_size}: time / floor (dashed: the 1.10 target)",
+        f"overlap ops on {launch.world_size} ranks ({meta['transport']}): time / floor "
+        f"(dashed: the {TARGET:.2f} target)",
+        hatched=("T_te_ref",),
+        target=TARGET,
     )
-    print(f"\nJSON: {args.out / 'overlap_ops.json'} ({result['seconds']:.0f} s)")
-    if plot is not None:
-        print(f"plot: {plot}")
+    print(f"\nJSON: {json_path} ({meta['seconds']:.0f} s)\ntable: {table_path}")
+    print(f"plot: {plot}" if plot is not None else "plot: none (matplotlib not installed)")
+    return 0
+
+
+def _progress_message(r: dict[str, Any]) -> str:
+    ours = "n/a" if r["T_ours"] is None else f"{r['T_ours']:.3f} ms"
+    ratio = "" if r["ours_over_floor"] is None else f" ({r['ours_over_floor']:.2f}x floor)"
+    return f"{r['op']} {r['shape']} M={r['M']} tp={r['tp']} {r['dtype']}: ours {ours}{ratio}"
 
 
 def _is_launch_arg(argv: list[str], i: int) -> bool:
@@ -303,4 +722,4 @@ def _is_launch_arg(argv: list[str], i: int) -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,23 +1,28 @@
 """The main job: ``python -m benchmarks.run`` (scripts/bench.sh sets everything up first).
 
 Runs on all local GPUs when there are any (cuda transport), else on the host transport with 4
-ranks, under mpirun. Prints a table and writes JSON under ``--out``.
+ranks, under mpirun. Prints tables and writes JSON under ``--out``.
 
 It runs two benchmarks, one after the other, each launched under mpirun:
 
 1. ``benchmarks.overlap_ops``: the comm-GEMM overlap ops (AG+GEMM, GEMM+RS) against their
-   floor, the sequential baseline and torch's async-TP (DESIGN.md §6; the quick default is
-   the M = 8192 suite on GPUs, tiny shapes on the host transport; ``--full`` adds M = 16384);
+   floor, the sequential baseline, torch's async-TP and TransformerEngine's times measured on
+   4xH200 (DESIGN.md §6). The quick default is a few M = 8192 rows at TP = all ranks
+   (seconds); ``--full`` runs the whole suite (M = 8192 and 16384, TP = 2 and 4, bf16 and
+   fp8, and TE's shapes) with a progress line per row. On the host transport the same rows
+   run scaled down to tiny shapes.
 2. ``benchmarks.baseline_collectives``: overlap's all-gather / reduce-scatter beside NCCL (or
    gloo), the bootstrap and the amax kernel.
 
-The paths of the JSON files and of the plot (PNG, when matplotlib is installed) are printed
-at the end.
+At the end: the overlap summary line (rows within 1.10 x floor, median ratio, rows faster than
+torch / TE) and the paths of the JSON files, the overlap table and its plot (PNG, when
+matplotlib is installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", choices=("auto", "cuda", "host"), default="auto")
     parser.add_argument("--out", type=Path, default=REPO / "bench_results")
     parser.add_argument("--full", action="store_true", help="the whole suite (slower)")
+    parser.add_argument(
+        "--timing",
+        choices=("e2e", "gpu"),
+        default="e2e",
+        help="overlap ops timing (benchmarks.overlap_ops --help)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the launch")
     args = parser.parse_args(argv)
 
@@ -52,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [
         (
             "overlap ops",
-            ["benchmarks.overlap_ops", "--out", str(args.out)],
+            ["benchmarks.overlap_ops", "--out", str(args.out), "--timing", args.timing],
             args.out / "overlap_ops.json",
         ),
         (
@@ -80,11 +91,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] FAILED (exit {done.returncode}): {format_command(cmd)}")
             return done.returncode
     print()
+    ops_json = jobs[0][2]
+    try:
+        from benchmarks.overlap_ops import summary_line
+
+        print(f"[bench] overlap ops: {summary_line(json.loads(ops_json.read_text())['summary'])}")
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"[bench] overlap ops: no summary in {ops_json} ({exc})")
     for name, _, path in jobs:
         print(f"[bench] {name} JSON: {path}")
+    print(f"[bench] overlap ops table: {args.out / 'overlap_ops.txt'}")
     plot = args.out / "overlap_ops.png"
-    if plot.exists():
-        print(f"[bench] overlap ops plot: {plot}")
+    print(f"[bench] overlap ops plot: {plot if plot.exists() else 'none (no matplotlib)'}")
     return 0
 
 

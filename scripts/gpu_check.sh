@@ -9,7 +9,8 @@
 # the cuda transport's collectives and buffer managers), bench (the main job),
 # kernels (quantization/reduction kernel bandwidth), gemm (GEMM vs torch), quant-gpu (the
 # CUDA quantization kernels' tests), ops-cuda and ops-bench (the overlap ops' multi-rank
-# tests and benchmark on all local GPUs), graphs-cuda (CUDA graphs of comm ops). Every step writes
+# tests and benchmark on all local GPUs; ops-bench-full: the whole DESIGN.md §6 suite, give it
+# STEP_TIMEOUT_S=900), graphs-cuda (CUDA graphs of comm ops). Every step writes
 # its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S, default 300 s); a short summary
 # table is printed last.
 set -uo pipefail
@@ -60,6 +61,9 @@ for s in "${STEPS[@]}"; do
     ops-bench)
       step opsbench opsbench.log "$PY" -m benchmarks.overlap_ops --launch "$(nvidia-smi -L | wc -l)" \
         --cuda --out "$LOG" ;;
+    ops-bench-full)
+      step opsbench opsbench.log "$PY" -m benchmarks.overlap_ops --launch "$(nvidia-smi -L | wc -l)" \
+        --cuda --full --out "$LOG" ;;
     bench) step bench bench.log "$PY" -m benchmarks.run --out "$LOG" ;;
     kernels) step kernels kernels.log "$PY" -m benchmarks.kernels --json "$LOG/kernels.json" ;;
     gemm) step gemm gemm.log "$PY" -m benchmarks.gemm --json "$LOG/gemm.json" ;;

@@ -1,0 +1,260 @@
+"""The methods the overlap benchmark times (:mod:`benchmarks.overlap_ops`): a small registry.
+
+A *variant* is a named builder plus its keyword arguments. For each row of the suite, every
+registered variant of the row's op that applies to it is built (collectively, on every rank
+of the TP group), timed and released; the JSON keeps the time of every variant and the table
+shows the best one with its name (``method/kwargs``, e.g. ``pipeline/lanes2-split1``).
+
+A builder gets a :class:`Case` (this rank's operands and the TP group's communicator) and its
+kwargs, and returns a zero-argument callable that runs the op once on the case's operands,
+writing into ``case.out``. Adding a method is a builder and one :func:`register` call, e.g.:
+
+    def build_ring_rs(case: Case, *, lanes: int) -> Runner:
+        op = case.keep(("ring", lanes), lambda: RingGemmRS(case.comm, case.m, case.n, ...))
+        return lambda: op(case.a, case.w, out=case.out)
+
+    register("gemm_rs", "ring", build_ring_rs, grid(lanes=(1, 2)))
+
+``case.keep(key, make, destroy)`` builds an object once per row and shares it between the
+variants that only differ by settings applied at call time (one buffer per op object, not per
+variant); it is destroyed when the row is done. A builder that raises (on every rank, e.g. a
+typed error for an unsupported dtype) makes that variant "n/a" with the reason; the sweep goes
+on. ``--methods PATTERN[,PATTERN]`` (fnmatch on ``op:method/kwargs``) picks variants, and
+``--import MODULE`` imports a module of more :func:`register` calls on every rank (methods
+that live outside this file, e.g. in a branch under test).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from overlap.comm import Communicator
+from overlap.ops import AllGatherGemm, GemmReduceScatter
+from overlap.quantization import QuantizedTensor
+
+__all__ = [
+    "OPS",
+    "Case",
+    "Runner",
+    "Variant",
+    "grid",
+    "register",
+    "registered",
+    "select",
+]
+
+OPS = ("ag_gemm", "gemm_rs")
+
+Operand = torch.Tensor | QuantizedTensor
+Runner = Callable[[], object]
+
+
+@dataclass
+class Case:
+    """One row of the suite on this rank: what a builder gets.
+
+    Attributes:
+        op: ``"ag_gemm"`` (``Y[M, N] = AllGather(a)[M, K] @ w.T``) or ``"gemm_rs"``
+            (``out[M / tp, N] = ReduceScatter(a[M, K] @ w.T)``).
+        comm: the TP group's communicator (``comm.group.size`` is the TP size).
+        m: ``M``, the gathered rows (AG+GEMM) / the rows of ``a`` (GEMM+RS).
+        k: ``K`` of this rank's GEMM (AG+GEMM: hidden; GEMM+RS: the local K shard).
+        n: ``N`` of this rank's GEMM (AG+GEMM: the local N shard; GEMM+RS: hidden).
+        a: AG+GEMM: this rank's shard ``[M / tp, K]``; GEMM+RS: ``[M, K]``. bfloat16, or a
+            per-tensor FP8 :class:`QuantizedTensor` (AG shards share one scale over the group).
+        w: the weight ``[N, K]``, of the same kind as ``a``.
+        out: the preallocated bfloat16 output: ``[M, N]`` (AG+GEMM), ``[M / tp, N]`` (GEMM+RS).
+        fp8: whether ``a`` and ``w`` are FP8.
+        cuda: the cuda transport (else the host transport with tiny shapes).
+        group: the TP group as a ``torch.distributed`` ProcessGroup (nccl on GPUs, gloo on
+            the host), in the same rank order as ``comm``: for methods built on torch.
+    """
+
+    op: str
+    comm: Communicator
+    m: int
+    k: int
+    n: int
+    a: Operand
+    w: Operand
+    out: torch.Tensor
+    fp8: bool
+    cuda: bool
+    group: Any = None
+    _kept: dict[Any, tuple[Any, Callable[[Any], None] | None]] = field(default_factory=dict)
+
+    @property
+    def tp(self) -> int:
+        return self.comm.group.size
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype ``a`` travels in (an FP8 dtype for FP8 rows)."""
+        return self.a.rowwise_data.dtype if isinstance(self.a, QuantizedTensor) else self.a.dtype
+
+    def keep(
+        self, key: Any, make: Callable[[], Any], destroy: Callable[[Any], None] | None = None
+    ) -> Any:
+        """``make()`` once per row and ``key`` (COLLECTIVE when ``make`` is); ``destroy(obj)``
+        (default: ``obj.destroy()`` when it has one) runs when the row is done."""
+        if key not in self._kept:
+            obj = make()
+            if destroy is None and callable(getattr(obj, "destroy", None)):
+                destroy = type(obj).destroy
+            self._kept[key] = (obj, destroy)
+        return self._kept[key][0]
+
+    def release(self) -> None:
+        """Destroy what :meth:`keep` built, newest first."""
+        while self._kept:
+            _, (obj, destroy) = self._kept.popitem()
+            if destroy is not None:
+                destroy(obj)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named way to run one op: ``build(case, **kwargs)`` returns a :data:`Runner`.
+
+    ``when(case, kwargs)`` says whether it applies to a row (default: always); e.g. settings
+    that only mean something on the cuda transport."""
+
+    op: str
+    method: str
+    kwargs: Mapping[str, Any]
+    build: Callable[..., Runner]
+    when: Callable[[Case, Mapping[str, Any]], bool] | None = None
+
+    @property
+    def name(self) -> str:
+        """``method/kwargs``: ``pipeline/lanes2-split1-staggered`` (True flags by name, False
+        flags left out), or the bare method without kwargs."""
+        parts = []
+        for key, value in self.kwargs.items():
+            if value is True:
+                parts.append(key)
+            elif value is not False:
+                parts.append(f"{key}{value}")
+        return f"{self.method}/{'-'.join(parts)}" if parts else self.method
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.op}:{self.name}"
+
+    def applies(self, case: Case) -> bool:
+        return case.op == self.op and (self.when is None or bool(self.when(case, self.kwargs)))
+
+    def make(self, case: Case) -> Runner:
+        return self.build(case, **self.kwargs)
+
+
+_REGISTRY: list[Variant] = []
+
+
+def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
+    """Every combination of the given kwargs: ``grid(lanes=(1, 2), split=(1,))``."""
+    keys = list(axes)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+def register(
+    op: str,
+    method: str,
+    build: Callable[..., Runner],
+    variants: Iterable[Mapping[str, Any]] = ({},),
+    *,
+    when: Callable[[Case, Mapping[str, Any]], bool] | None = None,
+) -> list[Variant]:
+    """Add ``method``'s variants (one per kwargs mapping) for ``op``; returns them.
+
+    Raises:
+        ValueError: unknown op, or a variant name that is already registered.
+    """
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops: {OPS}")
+    added = [Variant(op, method, dict(kw), build, when) for kw in variants]
+    taken = {v.full_name for v in _REGISTRY}
+    for v in added:
+        if v.full_name in taken:
+            raise ValueError(f"variant {v.full_name} is already registered")
+        taken.add(v.full_name)
+    _REGISTRY.extend(added)
+    return added
+
+
+def unregister(variants: Iterable[Variant]) -> None:
+    """Remove ``variants`` (as returned by :func:`register`)."""
+    gone = {id(v) for v in variants}
+    _REGISTRY[:] = [v for v in _REGISTRY if id(v) not in gone]
+
+
+def registered() -> list[Variant]:
+    """All variants, in registration order."""
+    return list(_REGISTRY)
+
+
+def select(patterns: Sequence[str] = ()) -> list[Variant]:
+    """The variants whose ``op:method/kwargs`` matches one of the fnmatch ``patterns`` (a
+    pattern without ``:`` matches ``method/kwargs`` of either op); all without patterns.
+
+    Raises:
+        ValueError: a pattern matches no variant (a typo would silently time nothing).
+    """
+    if not patterns:
+        return registered()
+    chosen = []
+    for p in patterns:
+        hits = [v for v in _REGISTRY if fnmatch.fnmatchcase(v.full_name if ":" in p else v.name, p)]
+        if not hits:
+            names = ", ".join(v.full_name for v in _REGISTRY)
+            raise ValueError(f"--methods pattern {p!r} matches no variant; variants: {names}")
+        chosen += [v for v in hits if v not in chosen]
+    return [v for v in _REGISTRY if v in chosen]  # registration order
+
+
+# --- built-in methods ------------------------------------------------------------------------
+
+
+def _cuda_setting(case: Case, kwargs: Mapping[str, Any]) -> bool:
+    """Copies per peer (``put_split`` > 1) only exist on the cuda transport's copy engines."""
+    return case.cuda or kwargs.get("split", 1) == 1
+
+
+def _ag_pipeline(case: Case, *, lanes: int, split: int, staggered: bool) -> Runner:
+    """:class:`~overlap.ops.AllGatherGemm`: one op object per lane count; copies per peer
+    (``put_split``) and staggered pushes are settings, applied here (variants are built and
+    timed one after the other)."""
+    op = case.keep(
+        ("ag_pipeline", lanes),
+        lambda: AllGatherGemm(case.comm, case.m, case.k, case.input_dtype, compute_lanes=lanes),
+    )
+    op.buffer.put_split = split
+    op.staggered_puts = staggered
+    return lambda: op(case.a, case.w, out=case.out)
+
+
+def _rs_pipeline(case: Case, *, lanes: int, split: int) -> Runner:
+    """:class:`~overlap.ops.GemmReduceScatter`, one op object per lane count (``put_split``
+    applied here, as for AG+GEMM)."""
+    op = case.keep(
+        ("rs_pipeline", lanes),
+        lambda: GemmReduceScatter(case.comm, case.m, case.n, torch.bfloat16, compute_lanes=lanes),
+    )
+    op.buffer.put_split = split
+    return lambda: op(case.a, case.w, out=case.out)
+
+
+register(
+    "ag_gemm",
+    "pipeline",
+    _ag_pipeline,
+    grid(lanes=(1, 2), split=(1, 2), staggered=(False, True)),
+    when=_cuda_setting,
+)
+register("gemm_rs", "pipeline", _rs_pipeline, grid(lanes=(1, 2), split=(1, 2)), when=_cuda_setting)

@@ -1,0 +1,204 @@
+"""The overlap benchmark end to end on the host transport (what CI and the README's main command
+run on a CPU machine): ``python -m benchmarks.overlap_ops --launch 4`` and ``benchmarks.run``
+write their JSON, table and plot, print progress and the paths, and time every row."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from overlap.env import settings
+from tests.conftest import in_ci
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 300
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    if shutil.which(settings().mpirun) is None:
+        message = f"{settings().mpirun} not found (apt-get install openmpi-bin)"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", *args]
+    try:
+        done = subprocess.run(
+            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"timed out after {TIMEOUT_S} s: {' '.join(cmd)}\n{exc.stdout}\n{exc.stderr}")
+    assert done.returncode == 0, (
+        f"{' '.join(cmd)}\n--- stdout\n{done.stdout}\n--- stderr\n" + (done.stderr[-6000:])
+    )
+    return done
+
+
+def _check_rows(rows: list[dict], variants: set[str], errors: set[str] = frozenset()) -> None:
+    assert rows
+    for r in rows:
+        assert r["T_gemm"] == min(r["T_gemm_whole"], r["T_gemm_chunked"]) > 0
+        assert r["T_comm"] > 0 and r["T_seq"] > 0
+        assert set(r["T_ours_by_variant"]) == variants, r["T_ours_by_variant"]
+        assert set(r["variant_errors"]) == errors, r["variant_errors"]
+        assert r["T_ours"] == min(r["T_ours_by_variant"].values()) > 0
+        assert r["floor"] == max(r["T_gemm"], r["T_comm"])
+        assert r["ours_over_floor"] == pytest.approx(r["T_ours"] / r["floor"])
+        # host transport: no torch async-TP (n/a with the reason), no TE reference
+        assert r["T_torch"] is None and "CUDA" in r["torch_error"] and r["vs_torch"] is None
+        assert r["T_te_ref"] is None and r["vs_te"] is None
+
+
+@pytest.mark.mpi
+def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
+    done = _run(["benchmarks.overlap_ops", "--launch", "4", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "overlap_ops.json").read_text())
+    assert result["suite"] == "quick" and result["transport"] == "host"
+    assert result["timing"]["mode"] == "host" and result["timing"]["iters"] == 3
+    rows = result["rows"]
+    assert {(r["op"], r["tp"]) for r in rows} == {("ag_gemm", 4), ("gemm_rs", 4)}
+    assert {r["dtype"] for r in rows} == {"bf16", "fp8"}
+    on_host = {
+        "ag_gemm": {"pipeline/lanes1-split1", "pipeline/lanes1-split1-staggered",
+                    "pipeline/lanes2-split1", "pipeline/lanes2-split1-staggered"},
+        "gemm_rs": {"pipeline/lanes1-split1", "pipeline/lanes2-split1"},
+    }  # fmt: skip
+    for op, names in on_host.items():
+        _check_rows([r for r in rows if r["op"] == op], names)
+    assert result["summary"]["rows"] == len(rows) == result["summary"]["rows_timed"]
+    assert {m["name"] for m in result["methods"]} >= on_host["ag_gemm"] | on_host["gemm_rs"]
+    # progress on stderr (rank 0 only), table and paths on stdout
+    progress = [line for line in done.stderr.splitlines() if line.startswith("[overlap_ops] ")]
+    assert [p.split()[1] for p in progress] == [f"{i}/{len(rows)}" for i in range(1, 5)]
+    assert all("ETA" in p for p in progress)
+    table = (tmp_path / "overlap_ops.txt").read_text()
+    assert "summary: rows <= 1.10 x floor" in table and "best variant" in table
+    assert f"JSON: {tmp_path / 'overlap_ops.json'}" in done.stdout
+    assert f"table: {tmp_path / 'overlap_ops.txt'}" in done.stdout
+    if (tmp_path / "overlap_ops.png").exists():
+        assert f"plot: {tmp_path / 'overlap_ops.png'}" in done.stdout
+    else:
+        assert "matplotlib" in done.stdout
+
+
+@pytest.mark.mpi
+def test_full_suite_options_with_tp2_subgroups(tmp_path: Path) -> None:
+    """--full with TP = 2 on 4 ranks (two TP groups at once), TE's shapes, a method filter."""
+    _run(
+        [
+            "benchmarks.overlap_ops",
+            "--launch=4",
+            "--out",
+            str(tmp_path),
+            "--full",
+            "--tp",
+            "2,4",
+            "--shapes",
+            "proj,te4096",
+            "--dtypes",
+            "fp8",
+            "--methods",
+            "ag_gemm:*lanes1*,gemm_rs:*lanes2*",
+            "--iters",
+            "2",
+        ]
+    )
+    result = json.loads((tmp_path / "overlap_ops.json").read_text())
+    rows = result["rows"]
+    assert result["suite"] == "full" and result["timing"]["iters"] == 2
+    expect = {
+        (op, shape, m, tp)
+        for tp in (2, 4)
+        for op, shape, m in [
+            ("gemm_rs", "proj", 32),
+            ("gemm_rs", "proj", 64),
+            ("ag_gemm", "te4096", 32),
+            ("gemm_rs", "te4096", 32),
+        ]
+    }
+    assert {(r["op"], r["shape"], r["M"], r["tp"]) for r in rows} == expect
+    assert [r["tp"] for r in rows] == sorted(r["tp"] for r in rows)  # grouped by TP size
+    assert all(r["dtype"] == "fp8" for r in rows)
+    _check_rows(
+        [r for r in rows if r["op"] == "ag_gemm"],
+        {"pipeline/lanes1-split1", "pipeline/lanes1-split1-staggered"},
+    )
+    _check_rows([r for r in rows if r["op"] == "gemm_rs"], {"pipeline/lanes2-split1"})
+
+
+@pytest.mark.mpi
+def test_methods_added_by_import_and_a_builder_failing_on_one_rank(tmp_path: Path) -> None:
+    """--import registers methods on every rank; a builder that raises on rank 1 only makes
+    that variant n/a (with rank 1's error) on every rank, and the sweep goes on."""
+    _run(
+        [
+            "benchmarks.overlap_ops",
+            "--launch",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--import",
+            "tests.distributed.bench_methods_plugin",
+            "--methods",
+            "test-*,gemm_rs:pipeline/lanes1*",
+            "--shapes",
+            "qkv,proj",
+        ]
+    )
+    result = json.loads((tmp_path / "overlap_ops.json").read_text())
+    rows = result["rows"]
+    assert {(r["op"], r["shape"]) for r in rows} == {("ag_gemm", "qkv"), ("gemm_rs", "proj")}
+    _check_rows([r for r in rows if r["op"] == "ag_gemm"], {"test-reference"})
+    rs = [r for r in rows if r["op"] == "gemm_rs"]
+    _check_rows(rs, {"pipeline/lanes1-split1", "test-reference/exact"}, {"test-broken"})
+    for r in rs:
+        error = r["variant_errors"]["test-broken"]
+        assert error.startswith("rank 1: InvalidArgumentError") and "rank 1 only" in error
+    names = {m["name"] for m in result["methods"]}
+    assert names == {"test-reference", "test-reference/exact", "test-broken",
+                     "pipeline/lanes1-split1", "pipeline/lanes1-split2"}  # fmt: skip
+
+
+BAD = [
+    (["--tp", "3"], "TP sizes [3] do not divide the world size 2"),
+    (["--methods", "gemm_rs:nope*"], "--methods pattern 'gemm_rs:nope*' matches no variant"),
+    (["--import", "benchmarks.no_such_module"], "No module named 'benchmarks.no_such_module'"),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("args", "message"), BAD, ids=["tp", "methods", "import"])
+def test_bad_selection_fails_cleanly(tmp_path: Path, args: list[str], message: str) -> None:
+    if shutil.which(settings().mpirun) is None:
+        pytest.skip("no mpirun")
+    cmd = ["benchmarks.overlap_ops", "--launch", "2", "--out", str(tmp_path), *args]
+    done = subprocess.run(
+        [sys.executable, "-m", *cmd],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode != 0
+    assert f"[overlap_ops] error: {message}" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "overlap_ops.json").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_main_command_on_the_host_transport(tmp_path: Path) -> None:
+    """``python -m benchmarks.run`` (what scripts/bench.sh runs) without GPUs."""
+    done = _run(["benchmarks.run", "--transport", "host", "--nprocs", "4", "--out", str(tmp_path)])
+    for name in ("overlap_ops.json", "overlap_ops.txt", "baseline_collectives.json"):
+        assert (tmp_path / name).exists(), name
+    tail = done.stdout.splitlines()[-6:]
+    assert any(line.startswith("[bench] overlap ops: rows <= 1.10 x floor") for line in tail)
+    assert f"[bench] overlap ops JSON: {tmp_path / 'overlap_ops.json'}" in tail
+    assert any(line.startswith("[bench] overlap ops plot: ") for line in tail)

@@ -1,0 +1,306 @@
+"""The overlap benchmark's harness without ranks: suite, TE reference, metrics, summary, method
+registry, progress lines and the plot (benchmarks/overlap_ops.py, methods.py, common.py)."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import random
+import re
+import statistics
+
+import pytest
+
+from benchmarks import methods
+from benchmarks import overlap_ops as bench
+from benchmarks.common import Progress, plot_times, timing_protocol
+
+
+def _key(r: dict) -> tuple:
+    return (r["op"], r["shape"], r["M"], r["tp"], r["dtype"])
+
+
+def test_quick_suite_is_a_few_rows_of_both_ops_and_dtypes_at_the_world_size() -> None:
+    rows = bench.build_suite(4, full=False, cuda=True)
+    assert 0 < len(rows) <= 8
+    assert {r["op"] for r in rows} == {"ag_gemm", "gemm_rs"}
+    assert {r["dtype"] for r in rows} == {"bf16", "fp8"}
+    assert {r["tp"] for r in rows} == {4}
+    assert {r["M"] for r in rows} == {8192}
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_full_suite_covers_design_shapes_and_te_shapes(world: int) -> None:
+    rows = bench.build_suite(world, full=True, cuda=True)
+    tps = sorted({t for t in (2, 4) if world % t == 0 and t <= world} | {world})
+    assert sorted({r["tp"] for r in rows}) == tps
+    assert len({_key(r) for r in rows}) == len(rows)  # no duplicate row
+    for tp in tps:
+        for m in (8192, 16384):
+            for d in ("bf16", "fp8"):
+                got = {r["shape"]: r for r in rows if r["tp"] == tp and r["M"] == m}
+                assert set(got) >= {"fc1", "qkv", "fc2", "proj"}
+                fc1 = next(
+                    r for r in rows if _key(r) == ("ag_gemm", "fc1", m, tp, d)
+                )  # AG+GEMM: K = hidden, local N
+                assert (fc1["K"], fc1["N"]) == (8192, 2 * 28672 // tp)
+                qkv = next(r for r in rows if _key(r) == ("ag_gemm", "qkv", m, tp, d))
+                assert (qkv["K"], qkv["N"]) == (8192, 10240 // tp)
+                fc2 = next(r for r in rows if _key(r) == ("gemm_rs", "fc2", m, tp, d))
+                assert (fc2["K"], fc2["N"]) == (28672 // tp, 8192)
+                proj = next(r for r in rows if _key(r) == ("gemm_rs", "proj", m, tp, d))
+                assert (proj["K"], proj["N"]) == (8192 // tp, 8192)
+        for hidden in (8192, 4096):
+            te = [r for r in rows if r["tp"] == tp and r["shape"] == f"te{hidden}"]
+            assert {(r["op"], r["dtype"]) for r in te} == {
+                (op, d) for op in ("ag_gemm", "gemm_rs") for d in ("bf16", "fp8")
+            }
+            assert all((r["M"], r["K"], r["N"]) == (8192, hidden, hidden) for r in te)
+    # rows are grouped by TP size (one communicator per TP size)
+    order = [r["tp"] for r in rows]
+    assert order == sorted(order, key=tps.index)
+
+
+def test_suite_filters_and_rejections() -> None:
+    rows = bench.build_suite(4, full=True, cuda=True, tp_sizes=[2], shapes=["proj"])
+    assert {(r["tp"], r["shape"]) for r in rows} == {(2, "proj")}
+    assert {r["M"] for r in rows} == {8192, 16384}
+    rows = bench.build_suite(4, full=False, cuda=True, dtypes=["fp8"])
+    assert {r["dtype"] for r in rows} == {"fp8"}
+    with pytest.raises(ValueError, match=r"TP sizes \[3\] do not divide the world size 4"):
+        bench.build_suite(4, full=True, cuda=True, tp_sizes=[3])
+    with pytest.raises(ValueError, match=r"unknown dtypes \['fp16'\]"):
+        bench.build_suite(4, full=True, cuda=True, dtypes=["fp16"])
+    with pytest.raises(ValueError, match=r"unknown shapes \['te8192'\]"):
+        bench.build_suite(4, full=False, cuda=True, shapes=["te8192"])
+    with pytest.raises(ValueError, match="leaves no row"):
+        bench.build_suite(4, full=False, cuda=True, shapes=["fc1"], dtypes=["fp8"])
+
+
+def test_host_rows_are_tiny_twins_of_the_gpu_rows() -> None:
+    gpu = bench.build_suite(4, full=True, cuda=True)
+    host = bench.build_suite(4, full=True, cuda=False)
+    assert [_key(r)[:2] + _key(r)[3:] for r in gpu] == [_key(r)[:2] + _key(r)[3:] for r in host]
+    for g, h in zip(gpu, host, strict=True):
+        assert h["M"] % h["tp"] == 0 and h["M"] <= 64
+        assert h["K"] % 16 == 0 and h["N"] % 16 == 0 and max(h["K"], h["N"]) <= 256
+        assert h["M"] < g["M"] and h["K"] <= g["K"] and h["N"] <= g["N"]
+    # the two token counts stay distinct rows
+    assert len({_key(r) for r in host}) == len(host)
+
+
+def test_te_reference_only_on_matching_gpu_rows() -> None:
+    rows = bench.build_suite(4, full=True, cuda=True)
+    with_ref = [r for r in rows if bench.te_reference(r, cuda=True)]
+    assert {(r["op"], r["K"], r["dtype"]) for r in with_ref} == set(bench.TE_BEST_4XH200)
+    assert all(r["tp"] == 4 and r["M"] == 8192 and r["shape"].startswith("te") for r in with_ref)
+    assert (
+        bench.te_reference(with_ref[0], cuda=True)
+        == bench.TE_BEST_4XH200[(with_ref[0]["op"], with_ref[0]["K"], with_ref[0]["dtype"])]
+    )
+    # never on the host transport, never at TP = 2 (not what TE measured)
+    host = bench.build_suite(4, full=True, cuda=False)
+    assert not any(bench.te_reference(r, cuda=False) for r in host)
+    two = bench.build_suite(2, full=True, cuda=True)
+    assert not any(bench.te_reference(r, cuda=True) for r in two)
+    # a Llama row with K == N (none in the suite) does not borrow TE's time
+    fake = {"op": "ag_gemm", "shape": "fc1", "M": 8192, "K": 8192, "N": 8192, "tp": 4}
+    assert bench.te_reference({**fake, "dtype": "bf16"}, cuda=True) is None
+
+
+def _random_row(rng: random.Random, **over: object) -> dict:
+    gemm_t, comm_t = rng.uniform(0.2, 3.0), rng.uniform(0.1, 1.0)
+    row = {
+        "op": "ag_gemm",
+        "T_gemm": gemm_t,
+        "T_comm": comm_t,
+        "T_seq": gemm_t + comm_t * rng.uniform(0.8, 1.0),
+        "T_ours_by_variant": {f"v{i}": rng.uniform(0.9, 1.5) * gemm_t for i in range(3)},
+        "T_torch": rng.uniform(0.5, 4.0),
+        "T_te_ref": rng.uniform(0.5, 4.0),
+    }
+    row.update(over)
+    return row
+
+
+def test_metrics_follow_the_design_formulas() -> None:
+    rng = random.Random()
+    r = bench.add_metrics(_random_row(rng))
+    best = min(r["T_ours_by_variant"].values())
+    assert r["T_ours"] == best and r["T_ours_by_variant"][r["best_variant"]] == best
+    floor = max(r["T_gemm"], r["T_comm"])
+    assert r["floor"] == floor
+    assert r["ours_over_floor"] == pytest.approx(best / floor)
+    eff = 1 - (best - r["T_gemm"]) / (r["T_seq"] - r["T_gemm"])
+    assert r["efficiency"] == pytest.approx(eff)
+    assert r["vs_torch"] == pytest.approx(best / r["T_torch"])
+    assert r["vs_te"] == pytest.approx(best / r["T_te_ref"])
+    # absent peers and variants give None, not a crash or a made-up number
+    r = bench.add_metrics(_random_row(rng, T_torch=None, T_te_ref=None, T_ours_by_variant={}))
+    assert r["T_ours"] is None and r["best_variant"] is None
+    assert r["ours_over_floor"] is r["vs_torch"] is r["vs_te"] is r["efficiency"] is None
+
+
+def test_summary_counts_targets_and_peers() -> None:
+    rng = random.Random()
+    rows = [bench.add_metrics(_random_row(rng)) for _ in range(9)]
+    rows.append(bench.add_metrics(_random_row(rng, T_torch=None, T_te_ref=None)))
+    s = bench.summarize(rows)
+    ratios = [r["ours_over_floor"] for r in rows]
+    assert s["rows"] == s["rows_timed"] == 10
+    assert s["rows_within_target"] == sum(x <= 1.10 for x in ratios)
+    assert s["median_ours_over_floor"] == pytest.approx(statistics.median(ratios))
+    assert s["worst_ours_over_floor"] == max(ratios)
+    assert s["rows_with_torch"] == s["rows_with_te_ref"] == 9
+    assert s["rows_faster_than_torch"] == sum(r["T_ours"] < r["T_torch"] for r in rows[:9])
+    assert s["rows_faster_than_te_ref"] == sum(r["T_ours"] < r["T_te_ref"] for r in rows[:9])
+    line = bench.summary_line(s)
+    assert f"{s['rows_within_target']}/10" in line
+    assert f"{s['rows_faster_than_torch']}/9" in line and "TE" in line
+
+
+def test_table_marks_missing_peers_and_the_te_reference() -> None:
+    rng = random.Random()
+    base = {"shape": "fc1", "M": 32, "K": 64, "N": 64, "tp": 4, "dtype": "bf16"}
+    rows = [bench.add_metrics({**_random_row(rng, T_torch=None, T_te_ref=None), **base})]
+    meta = {
+        "world_size": 4,
+        "transport": "host",
+        "timing": timing_protocol(cuda=False, queued=False, warmup=1, iters=3),
+        "summary": bench.summarize(rows),
+    }
+    text = bench.table_text(rows, meta)
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("op"))
+    for col in ("T_gemm", "T_comm", "T_seq", "torch", "T_ours", "ours/floor", "vs torch", "TE*"):
+        assert col in header
+    assert " n/a " in text and "measured on 4xH200" in text and "summary:" in text
+    # the reasons for n/a are listed once each, with their row count
+    rows = rows * 2
+    rows[0] = {**rows[0], "torch_error": "RuntimeError: no symm mem", "variant_errors": {"x": "E"}}
+    rows[1] = {**rows[1], "torch_error": "RuntimeError: no symm mem"}
+    text = bench.table_text(rows, meta)
+    assert "torch n/a: RuntimeError: no symm mem (2 rows)" in text
+    assert "ag_gemm:x n/a: E (1 rows)" in text
+
+
+def test_timing_protocol_documents_each_mode() -> None:
+    modes = {
+        timing_protocol(cuda=c, queued=q, warmup=5, iters=20)["mode"]
+        for c, q in ((True, False), (True, True), (False, False))
+    }
+    assert modes == {"e2e", "gpu", "host"}
+    doc = timing_protocol(cuda=True, queued=True, warmup=5, iters=20)
+    assert doc["iters"] == 20 and "max" in doc["statistic"] and "spin" in doc["clock"]
+
+
+def test_registry_names_selection_and_a_new_method() -> None:
+    names = {v.full_name for v in methods.registered()}
+    assert "ag_gemm:pipeline/lanes2-split1-staggered" in names
+    assert "gemm_rs:pipeline/lanes1-split2" in names
+    calls = []
+
+    def build(case: object, *, chunks: int, fast: bool) -> methods.Runner:
+        calls.append((case, chunks, fast))
+        return lambda: chunks
+
+    added = methods.register(
+        "gemm_rs", "ring", build, methods.grid(chunks=(2, 4), fast=(False, True))
+    )
+    try:
+        assert [v.name for v in added] == [
+            "ring/chunks2",
+            "ring/chunks2-fast",
+            "ring/chunks4",
+            "ring/chunks4-fast",
+        ]
+        assert methods.select(["gemm_rs:ring/*"]) == added
+        assert methods.select(["ring/chunks4*"]) == added[2:]
+        assert added[3].make("case")() == 4 and calls == [("case", 4, True)]
+        with pytest.raises(ValueError, match="already registered"):
+            methods.register("gemm_rs", "ring", build, [{"chunks": 2, "fast": False}])
+    finally:
+        methods.unregister(added)
+    assert all(v.method != "ring" for v in methods.registered())
+    with pytest.raises(ValueError, match="matches no variant"):
+        methods.select(["gemm_rs:ring/*"])
+    with pytest.raises(ValueError, match="unknown op 'bulk'"):
+        methods.register("bulk", "x", build)
+
+
+def test_variant_applicability_follows_the_transport() -> None:
+    class FakeCase:
+        def __init__(self, op: str, cuda: bool) -> None:
+            self.op, self.cuda = op, cuda
+
+    ag = [v for v in methods.registered() if v.op == "ag_gemm"]
+    on_host = [v.name for v in ag if v.applies(FakeCase("ag_gemm", cuda=False))]
+    on_gpu = [v.name for v in ag if v.applies(FakeCase("ag_gemm", cuda=True))]
+    assert set(on_host) < set(on_gpu) and all("split1" in n for n in on_host)
+    assert not any(v.applies(FakeCase("gemm_rs", cuda=True)) for v in ag)
+
+
+def test_case_keep_builds_once_and_releases_newest_first() -> None:
+    log = []
+
+    class Obj:
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+            log.append(("make", tag))
+
+        def destroy(self) -> None:
+            log.append(("destroy", self.tag))
+
+    case = methods.Case("ag_gemm", None, 8, 8, 8, None, None, None, False, False)
+    a = case.keep("a", lambda: Obj("a"))
+    assert case.keep("a", lambda: Obj("again")) is a
+    case.keep("b", lambda: Obj("b"))
+    case.keep("c", lambda: "plain", destroy=lambda o: log.append(("custom", o)))
+    case.release()
+    assert log == [
+        ("make", "a"),
+        ("make", "b"),
+        ("custom", "plain"),
+        ("destroy", "b"),
+        ("destroy", "a"),
+    ]
+    case.release()  # nothing left: no second destroy
+    assert len(log) == 5
+
+
+def test_progress_lines_count_up_with_eta() -> None:
+    out = io.StringIO()
+    p = Progress(3, "bench", stream=out)
+    for i in range(3):
+        p.step(f"row {i}")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    for i, line in enumerate(lines):
+        assert re.fullmatch(rf"\[bench\] {i + 1}/3 row {i} \| \d+s elapsed, ETA \d+s", line)
+    assert lines[-1].endswith("ETA 0s")
+    quiet = io.StringIO()
+    Progress(2, "bench", enabled=False, stream=quiet).step("x")
+    assert quiet.getvalue() == ""
+
+
+def test_plot_writes_a_png_or_says_why_not(tmp_path, monkeypatch, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    rng = random.Random()
+    rows = [
+        bench.add_metrics({**_random_row(rng), "shape": f"s{i}", "dtype": "bf16"}) for i in range(3)
+    ]
+    path = plot_times(rows, ("shape", "dtype"), [("T_ours", "ours")], tmp_path / "p.png", "t")
+    assert path == tmp_path / "p.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    missing = tmp_path / "none.png"
+    assert plot_times(rows, ("shape",), [("T_ours", "ours")], missing, "t") is None
+    assert not missing.exists()
+    assert "matplotlib is not installed" in capsys.readouterr().out
