@@ -43,10 +43,13 @@ generic). proj/fc2 wgrad have no collective (``NONE``): their gathered operand i
 the bulk reduce-scatter, which runs on the other kind's buffer.
 
 NOTE [ub environment]: unlike TE's userbuffers, nothing here needs
-``CUDA_DEVICE_MAX_CONNECTIONS=1``: the all-gather runs on the copy engines and the reduction
-kernel is launched after its chunk's GEMM on the same stream, so no communication kernel has
-to become resident beside a GEMM that fills the GPU. :func:`initialize_ub` checks what the ops
-do need (tokens divisible by the TP size, a CUDA device for the cuda transport).
+``CUDA_DEVICE_MAX_CONNECTIONS=1``: the all-gathers run on the copy engines and the GEMM+RS
+reduction kernel is launched after its chunk's GEMM on the same stream, so no communication
+kernel has to become resident beside a GEMM that fills the GPU. The one kernel that does run
+beside a GEMM, the bulk reduce-scatter's local reduction, finds SMs free because the side
+GEMM plans for ``gemm_sm_margin`` fewer (with ``CUDA_DEVICE_MAX_CONNECTIONS=1`` it may queue
+behind the GEMM instead: correct, less overlap). :func:`initialize_ub` checks what the ops do
+need (tokens divisible by the TP size, a CUDA device for the cuda transport).
 
 The module-level default registry (:func:`initialize_ub` stores the handle it returns,
 :func:`get_ub` and :func:`destroy_ub` use it) is a convenience for scripts; layers should take
