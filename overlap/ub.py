@@ -12,7 +12,13 @@ Shapes, with ``T`` the global token count (sequence x micro-batch), ``H`` the hi
 * an AG+GEMM (``RING_AG``) gathers a ``[T / tp, H]`` shard into ``[T, H]``: qkv/fc1 fprop
   (the layer-norm output) and proj/fc2 dgrad (the output gradient);
 * a GEMM+RS (``PIPELINE_RS``) reduce-scatters ``[T, H]`` partial sums into ``[T / tp, H]``:
-  proj/fc2 fprop and qkv/fc1 dgrad.
+  proj/fc2 fprop (and qkv/fc1 dgrad when chosen instead of the bulk pair below);
+* a bulk all-gather (``BULK_AG``, :class:`~overlap.ops.AllGatherBesideGemm`) gathers a
+  ``[T / tp, H]`` shard beside the GEMM of its name: by default qkv/fc1 dgrad, which gathers
+  the layer input (the layer-norm output) that wgrad needs while dgrad runs;
+* a bulk reduce-scatter (``BULK_RS``, :class:`~overlap.ops.ReduceScatterBesideGemm`)
+  reduce-scatters ``[T, H]`` partial sums beside the GEMM of its name: by default qkv/fc1
+  wgrad, which reduce-scatters dgrad's output while wgrad runs.
 
 Every buffer is sized by ``T`` and ``H`` alone (the other GEMM dimension, ``3H / tp`` or
 ``ffn / tp``, is the weight's and is given at call time), so the layer's FFN and QKV widths
@@ -24,16 +30,26 @@ put_split): every AG+GEMM of a bf16 layer runs on one buffer, every GEMM+RS on a
 gathered input (``AllGatherGemm.gathered_input``) is therefore only defined until the next op
 of any GEMM name of that kind; never save it for backward (DESIGN.md invariant 2).
 
-NOTE [ub wgrad]: overlap has no bulk (standalone collective next to an unrelated GEMM) op
-yet. ``BULK_AG``/``BULK_RS`` entries (the wgrad defaults, and TE's ``"bulk"``) are kept in the
-configuration and reported as "not overlapped": they get no op object and no buffer, and
-:meth:`Userbuffers.get` raises for them. Run such a GEMM and its collective unoverlapped.
+NOTE [ub bulk]: the backward of qkv/fc1 (column-parallel, sequence-parallel input) defaults to
+TransformerEngine's and Megatron-LM's bulk pair: ``{layer}_dgrad`` is ``BULK_AG`` (gather the
+input for wgrad while dgrad ``dX = dY W`` runs; dgrad's output stays ``[T, H]`` partial sums)
+and ``{layer}_wgrad`` is ``BULK_RS`` (reduce-scatter those partial sums while wgrad
+``dW = dY^T X`` runs), so both collectives hide behind a GEMM. Choosing ``PIPELINE_RS`` for
+the dgrad instead reduce-scatters inside the dgrad GEMM; the wgrad then has nothing left to
+reduce-scatter and defaults to ``NONE`` (an explicit ``BULK_RS`` is kept: the op objects are
+generic). proj/fc2 wgrad have no collective (``NONE``): their gathered operand is the one the
+``RING_AG`` dgrad left in its buffer. Bulk ops of one kind share a buffer like the others
+(NOTE [ub buffer sharing]); a bulk all-gather's gathered input is read by the wgrad GEMM beside
+the bulk reduce-scatter, which runs on the other kind's buffer.
 
 NOTE [ub environment]: unlike TE's userbuffers, nothing here needs
-``CUDA_DEVICE_MAX_CONNECTIONS=1``: the all-gather runs on the copy engines and the reduction
-kernel is launched after its chunk's GEMM on the same stream, so no communication kernel has
-to become resident beside a GEMM that fills the GPU. :func:`initialize_ub` checks what the ops
-do need (tokens divisible by the TP size, a CUDA device for the cuda transport).
+``CUDA_DEVICE_MAX_CONNECTIONS=1``: the all-gathers run on the copy engines and the GEMM+RS
+reduction kernel is launched after its chunk's GEMM on the same stream, so no communication
+kernel has to become resident beside a GEMM that fills the GPU. The one kernel that does run
+beside a GEMM, the bulk reduce-scatter's local reduction, finds SMs free because the side
+GEMM plans for ``gemm_sm_margin`` fewer (with ``CUDA_DEVICE_MAX_CONNECTIONS=1`` it may queue
+behind the GEMM instead: correct, less overlap). :func:`initialize_ub` checks what the ops do
+need (tokens divisible by the TP size, a CUDA device for the cuda transport).
 
 The module-level default registry (:func:`initialize_ub` stores the handle it returns,
 :func:`get_ub` and :func:`destroy_ub` use it) is a convenience for scripts; layers should take
@@ -56,7 +72,14 @@ if TYPE_CHECKING:
     import torch
 
     from overlap.comm import Bootstrap, Communicator, SymmetricBuffer
-    from overlap.ops import AllGatherGemm, GemmReduceScatter
+    from overlap.ops import (
+        AllGatherBesideGemm,
+        AllGatherGemm,
+        GemmReduceScatter,
+        ReduceScatterBesideGemm,
+    )
+
+    UbOp = AllGatherGemm | GemmReduceScatter | AllGatherBesideGemm | ReduceScatterBesideGemm
 
 __all__ = [
     "GEMM_NAMES",
@@ -83,14 +106,19 @@ class OverlapMethod(enum.Enum):
 
     RING_AG = "ring_ag"  # AllGatherGemm: gather the input while the GEMM consumes it
     PIPELINE_RS = "pipeline_rs"  # GemmReduceScatter: reduce-scatter while the GEMM computes
-    BULK_AG = "bulk_ag"  # not implemented: reported as not overlapped (NOTE [ub wgrad])
-    BULK_RS = "bulk_rs"  # not implemented: reported as not overlapped
+    BULK_AG = "bulk_ag"  # AllGatherBesideGemm: gather a shard beside the GEMM (NOTE [ub bulk])
+    BULK_RS = "bulk_rs"  # ReduceScatterBesideGemm: reduce-scatter beside the GEMM
     NONE = "none"  # not overlapped
 
     @property
     def overlapped(self) -> bool:
         """Whether overlap builds an op object for this method."""
-        return self in (OverlapMethod.RING_AG, OverlapMethod.PIPELINE_RS)
+        return self is not OverlapMethod.NONE
+
+    @property
+    def bulk(self) -> bool:
+        """Whether this is a bulk method (a collective beside an unrelated GEMM)."""
+        return self in (OverlapMethod.BULK_AG, OverlapMethod.BULK_RS)
 
 
 def _direction(name: str) -> OverlapMethod | None:
@@ -104,14 +132,29 @@ def _direction(name: str) -> OverlapMethod | None:
 
 def default_method(name: str) -> OverlapMethod:
     """The default method of a standard GEMM name: fprop of qkv/fc1 and dgrad of proj/fc2 are
-    ``RING_AG``; fprop of proj/fc2 and dgrad of qkv/fc1 are ``PIPELINE_RS``; wgrad is
-    ``BULK_RS`` for qkv/fc1 (TE's layout) and ``NONE`` for proj/fc2 (no collective)."""
+    ``RING_AG``; fprop of proj/fc2 is ``PIPELINE_RS``; dgrad of qkv/fc1 is ``BULK_AG`` and
+    their wgrad ``BULK_RS`` (TE's and Megatron-LM's layout, NOTE [ub bulk]); wgrad of proj/fc2
+    is ``NONE`` (no collective). :class:`UbConfig` makes qkv/fc1 wgrad default to ``NONE``
+    when their dgrad is ``PIPELINE_RS``."""
     _check_name(name)
-    direction = _direction(name)
-    if direction is not None:
-        return direction
-    gathered_input = name.split("_", maxsplit=1)[0] in ("qkv", "fc1")
-    return OverlapMethod.BULK_RS if gathered_input else OverlapMethod.NONE
+    layer, pass_ = name.split("_")
+    column_parallel = layer in ("qkv", "fc1")
+    if pass_ == "fprop" or not column_parallel:
+        direction = _direction(name)
+        return direction if direction is not None else OverlapMethod.NONE
+    return OverlapMethod.BULK_AG if pass_ == "dgrad" else OverlapMethod.BULK_RS
+
+
+def _default_in(name: str, given: Mapping[str, GemmOverlapConfig]) -> OverlapMethod:
+    """:func:`default_method`, except that qkv/fc1 wgrad is ``NONE`` when the same layer's
+    dgrad is given as ``PIPELINE_RS`` (its partial sums are then already reduce-scattered;
+    NOTE [ub bulk])."""
+    method = default_method(name)
+    layer, pass_ = name.split("_")
+    dgrad = given.get(f"{layer}_dgrad")
+    if pass_ == "wgrad" and dgrad is not None and dgrad.method is OverlapMethod.PIPELINE_RS:
+        return OverlapMethod.NONE
+    return method
 
 
 def _check_name(name: object) -> None:
@@ -133,24 +176,28 @@ class GemmOverlapConfig:
         method: the overlap method (``None``: the GEMM name's default, filled in by
             :class:`UbConfig`).
         compute_lanes: streams the chunk GEMMs alternate over, 1..4 (default: 2 for
-            ``RING_AG``, 1 for ``PIPELINE_RS``, the ops' defaults).
-        put_split: copies carrying one shard to one peer in an all-gather, 1..8 (``RING_AG``
-            only; a property of the shared buffer, so names with different values get
+            ``RING_AG``, 1 for ``PIPELINE_RS``, the ops' defaults; bulk ops have none).
+        put_split: copies carrying one shard to one peer, 1..8 (``RING_AG``, ``BULK_AG`` and
+            ``BULK_RS``; a property of the shared buffer, so names with different values get
             different buffers).
         staggered_puts: push the shard to one peer after the other (``RING_AG`` only).
         reduce_max_blocks: bound on the reduction kernel's grid, 0 = fill the GPU
-            (``PIPELINE_RS`` only).
-        fp8: the GEMM's input travels in FP8 (``RING_AG``: the buffer holds FP8 shards and
-            their scale_inv; ``PIPELINE_RS``: FP8 operands, the partial sums still travel in
-            the layer's dtype, so the buffer is the same).
+            (``PIPELINE_RS`` and ``BULK_RS``; ``None``: the op's default, 0 for
+            ``PIPELINE_RS`` and 64 blocks, 16 SMs, for ``BULK_RS``, which runs beside a GEMM).
+        gemm_sm_margin: ``BULK_RS`` only: SMs the side GEMM leaves to the reduction when the
+            call gives no ``sm_count`` (``None``: the op's default, 16).
+        fp8: the GEMM's input travels in FP8 (``RING_AG`` / ``BULK_AG``: the buffer holds FP8
+            shards and their scale_inv; ``PIPELINE_RS`` / ``BULK_RS``: the partial sums still
+            travel in the layer's dtype, so the buffer is the same).
     """
 
     method: OverlapMethod | None = None
     compute_lanes: int | None = None
     put_split: int = 1
     staggered_puts: bool = False
-    reduce_max_blocks: int = 0
+    reduce_max_blocks: int | None = None
     fp8: bool = False
+    gemm_sm_margin: int | None = None
 
     def __post_init__(self) -> None:
         if self.method is not None and not isinstance(self.method, OverlapMethod):
@@ -163,7 +210,10 @@ class GemmOverlapConfig:
                 ) from None
         _check_int("GemmOverlapConfig.compute_lanes", self.compute_lanes, 1, 4, optional=True)
         _check_int("GemmOverlapConfig.put_split", self.put_split, 1, 8)
-        _check_int("GemmOverlapConfig.reduce_max_blocks", self.reduce_max_blocks, 0, None)
+        _check_int(
+            "GemmOverlapConfig.reduce_max_blocks", self.reduce_max_blocks, 0, None, optional=True
+        )
+        _check_int("GemmOverlapConfig.gemm_sm_margin", self.gemm_sm_margin, 0, None, optional=True)
         for field in ("staggered_puts", "fp8"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(
@@ -176,6 +226,23 @@ class GemmOverlapConfig:
         if self.compute_lanes is not None:
             return self.compute_lanes
         return 1 if self.method is OverlapMethod.PIPELINE_RS else 2
+
+    @property
+    def max_blocks(self) -> int:
+        """``reduce_max_blocks`` with the op's default filled in."""
+        if self.reduce_max_blocks is not None:
+            return self.reduce_max_blocks
+        return _BULK_RS_MAX_BLOCKS if self.method is OverlapMethod.BULK_RS else 0
+
+    @property
+    def sm_margin(self) -> int:
+        """``gemm_sm_margin`` with the op's default filled in."""
+        return _BULK_RS_SM_MARGIN if self.gemm_sm_margin is None else self.gemm_sm_margin
+
+
+# The defaults of ReduceScatterBesideGemm (overlap.ops.bulk).
+_BULK_RS_MAX_BLOCKS = 64
+_BULK_RS_SM_MARGIN = 16
 
 
 def _check_int(field: str, value: object, lo: int, hi: int | None, optional: bool = False) -> None:
@@ -243,7 +310,7 @@ class UbConfig:
         for name in GEMM_NAMES:
             cfg = full.get(name, GemmOverlapConfig())
             if cfg.method is None:
-                cfg = dataclasses.replace(cfg, method=default_method(name))
+                cfg = dataclasses.replace(cfg, method=_default_in(name, full))
             if cfg.method not in _allowed(name):
                 raise ConfigError(
                     f"UbConfig.gemms[{name!r}].method: {cfg.method.value!r} does not fit "
@@ -264,7 +331,7 @@ class UbConfig:
         * ``method``: ``"ring_exchange"`` -> ``RING_AG`` on an all-gather GEMM name, and
           ``PIPELINE_RS`` (with a warning: overlap's one GEMM+RS) on a reduce-scatter one;
           ``"pipeline"`` -> ``PIPELINE_RS`` (reduce-scatter names only); ``"bulk"`` ->
-          ``BULK_AG`` on fprop/dgrad, ``BULK_RS`` on wgrad (not overlapped: NOTE [ub wgrad]).
+          ``BULK_AG`` on fprop/dgrad, ``BULK_RS`` on wgrad (NOTE [ub bulk]).
         * ``fp8_buf`` -> ``fp8``.
         * ``atomic_gemm``: only ``False`` (overlap has no atomic GEMM).
         * ``num_sm``, ``cga_size``, ``set_sm_margin``, ``num_splits``, ``use_ce``,
@@ -390,8 +457,6 @@ class Userbuffers:
         Takes ownership of ``comm`` (:meth:`destroy` destroys it)."""
         import torch
 
-        from overlap.ops import AllGatherGemm, GemmReduceScatter
-
         self.config = config
         self.comm = comm
         self.tp = comm.group.size
@@ -402,24 +467,24 @@ class Userbuffers:
             raise
         dtype = getattr(torch, config.dtype)
         fp8_dtype = getattr(torch, config.fp8_dtype)
-        self._ops: dict[str, AllGatherGemm | GemmReduceScatter] = {}
+        self._ops: dict[str, UbOp] = {}
         self._uses: list[_BufferUse] = []
         groups: dict[tuple[OverlapMethod, str, int], list[str]] = {}
         for name, cfg in config.gemms.items():
             if not cfg.method.overlapped:  # type: ignore[union-attr]
                 continue
-            ag = cfg.method is OverlapMethod.RING_AG
+            ag = cfg.method in (OverlapMethod.RING_AG, OverlapMethod.BULK_AG)
             buf_dtype = fp8_dtype if (ag and cfg.fp8) else dtype
-            split = cfg.put_split if ag else 1
+            split = 1 if cfg.method is OverlapMethod.PIPELINE_RS else cfg.put_split
             key = (cfg.method, str(buf_dtype).removeprefix("torch."), split)
             groups.setdefault(key, []).append(name)  # type: ignore[arg-type]
         try:
             for (kind, dtype_name, split), names in groups.items():
                 buf_dtype = getattr(torch, dtype_name)
-                op_cls = AllGatherGemm if kind is OverlapMethod.RING_AG else GemmReduceScatter
+                op_cls = _op_class(kind)
                 nbytes = op_cls.buffer_bytes(self.tp, config.tokens, config.hidden, buf_dtype)
                 buffer = comm.create_buffer(nbytes, f"ub_{kind.value}_{dtype_name}_{split}")
-                if kind is OverlapMethod.RING_AG:
+                if kind is not OverlapMethod.PIPELINE_RS:
                     buffer.put_split = split
                 self._uses.append(_BufferUse(kind, dtype_name, split, nbytes, tuple(names)))
                 for name in names:
@@ -429,28 +494,35 @@ class Userbuffers:
             raise
         self._destroyed = False
 
-    def _make_op(
-        self, name: str, buffer: SymmetricBuffer, buf_dtype: torch.dtype
-    ) -> AllGatherGemm | GemmReduceScatter:
-        from overlap.ops import AllGatherGemm, GemmReduceScatter
-
+    def _make_op(self, name: str, buffer: SymmetricBuffer, buf_dtype: torch.dtype) -> UbOp:
         cfg = self.config.gemms[name]
+        op_cls = _op_class(cfg.method)  # type: ignore[arg-type]
         args = (self.comm, self.config.tokens, self.config.hidden, buf_dtype)
         if cfg.method is OverlapMethod.RING_AG:
-            return AllGatherGemm(
+            return op_cls(
                 *args,
                 compute_lanes=cfg.lanes,
                 staggered_puts=cfg.staggered_puts,
                 name=name,
                 buffer=buffer,
             )
-        return GemmReduceScatter(
-            *args,
-            compute_lanes=cfg.lanes,
-            reduce_max_blocks=cfg.reduce_max_blocks,
-            name=name,
-            buffer=buffer,
-        )
+        if cfg.method is OverlapMethod.PIPELINE_RS:
+            return op_cls(
+                *args,
+                compute_lanes=cfg.lanes,
+                reduce_max_blocks=cfg.max_blocks,
+                name=name,
+                buffer=buffer,
+            )
+        if cfg.method is OverlapMethod.BULK_RS:
+            return op_cls(
+                *args,
+                reduce_max_blocks=cfg.max_blocks,
+                gemm_sm_margin=cfg.sm_margin,
+                name=name,
+                buffer=buffer,
+            )
+        return op_cls(*args, name=name, buffer=buffer)
 
     @property
     def destroyed(self) -> bool:
@@ -462,31 +534,29 @@ class Userbuffers:
         return sum(u.nbytes for u in self._uses)
 
     def is_overlapped(self, name: str) -> bool:
-        """Whether ``name`` has an overlap op (False for bulk/none methods)."""
+        """Whether ``name`` has an overlap op (False for the ``NONE`` method)."""
         _check_name(name)
         return name in self._ops
 
-    def get(self, name: str) -> AllGatherGemm | GemmReduceScatter:
-        """The op object of GEMM ``name`` (``"qkv_fprop"``...).
+    def get(self, name: str) -> UbOp:
+        """The op object of GEMM ``name`` (``"qkv_fprop"``...): an
+        :class:`~overlap.ops.AllGatherGemm` (``RING_AG``), a
+        :class:`~overlap.ops.GemmReduceScatter` (``PIPELINE_RS``), an
+        :class:`~overlap.ops.AllGatherBesideGemm` (``BULK_AG``) or a
+        :class:`~overlap.ops.ReduceScatterBesideGemm` (``BULK_RS``).
 
         Raises:
             StateError: after :meth:`destroy`.
             ConfigError: an unknown name (the message lists the valid ones), or a name whose
-                method is not overlapped (bulk or none; NOTE [ub wgrad]).
+                method is ``NONE``.
         """
         if self._destroyed:
             raise StateError(f"userbuffers: get({name!r}) after destroy")
         _check_name(name)
         if name not in self._ops:
-            method = self.config.gemms[name].method
             raise ConfigError(
-                f"userbuffers: {name} is not overlapped (method {method.value}"  # type: ignore[union-attr]
-                + (
-                    ", which overlap does not implement yet"
-                    if method is not OverlapMethod.NONE
-                    else ""
-                )
-                + "): run its GEMM and collective separately"
+                f"userbuffers: {name} is not overlapped (method none): run its GEMM (and "
+                "collective, if any) separately"
             )
         return self._ops[name]
 
@@ -502,7 +572,7 @@ class Userbuffers:
             method = cfg.method.value  # type: ignore[union-attr]
             if name in buffer_of:
                 where = f"#{buffer_of[name]}"
-                lanes = str(cfg.lanes)
+                lanes = "-" if cfg.method.bulk else str(cfg.lanes)  # type: ignore[union-attr]
             else:
                 where, lanes = "not overlapped", "-"
             lines.append(f"{name:<11} {method:<12} {cfg.fp8!s:<5} {lanes:<5} {where}")
@@ -527,6 +597,23 @@ class Userbuffers:
 
     def __exit__(self, *exc: object) -> None:
         self.destroy()
+
+
+def _op_class(method: OverlapMethod) -> type[UbOp]:
+    """The op class of an overlapped method."""
+    from overlap.ops import (
+        AllGatherBesideGemm,
+        AllGatherGemm,
+        GemmReduceScatter,
+        ReduceScatterBesideGemm,
+    )
+
+    return {
+        OverlapMethod.RING_AG: AllGatherGemm,
+        OverlapMethod.PIPELINE_RS: GemmReduceScatter,
+        OverlapMethod.BULK_AG: AllGatherBesideGemm,
+        OverlapMethod.BULK_RS: ReduceScatterBesideGemm,
+    }[method]
 
 
 # ---- TP group resolution and the default registry --------------------------------------------
@@ -685,7 +772,7 @@ def _default() -> Userbuffers:
     return _REGISTRY["default"]
 
 
-def get_ub(name: str) -> AllGatherGemm | GemmReduceScatter:
+def get_ub(name: str) -> UbOp:
     """The default handle's op of GEMM ``name`` (:meth:`Userbuffers.get`).
 
     Raises:

@@ -2,6 +2,8 @@
 // GEMM operands here; the core validates everything before communicating.
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -185,6 +187,139 @@ void register_comm_ops(py::module_& m) {
       py::arg("sm_count") = 0, py::arg("compute_lanes") = 1, py::arg("reduce_max_blocks") = 0,
       py::arg("stream") = 0,
       "out = ReduceScatter(a @ op(b)); see csrc/comm/overlap/overlap_ops.h.");
+}
+
+// ---- bulk overlap ops (comm/overlap/bulk.cpp) ------------------------------------------------
+
+namespace {
+
+// The side GEMM of a bulk op from a dict (overlap/ops/bulk.py builds it): a, b, out (tensors),
+// optional a_scale_inv, b_scale_inv, bias, out_scale, out_amax (tensors), transa, transb,
+// gelu, fast_accum (bool), alpha, beta (float), sm_count (int). The gemm() rules apply
+// (gemm/gemm.h); FP8 operands are per-tensor scaled.
+comm::SideGemm side_gemm(const SymmetricBuffer& buf, const py::dict& x, const char* op) {
+  static const char* const kKeys[] = {
+      "a",      "b",      "out",  "a_scale_inv", "b_scale_inv", "bias", "out_scale", "out_amax",
+      "transa", "transb", "gelu", "fast_accum",  "alpha",       "beta", "sm_count"};
+  for (const auto& item : x) {
+    const std::string key = py::str(item.first);
+    OVERLAP_CHECK_ARG(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
+                      op << ": unknown GEMM argument '" << key << "'");
+  }
+  const auto get = [&x](const char* key) {
+    return x.contains(key) ? x[key] : py::object(py::none());
+  };
+  const auto flag = [&get](const char* key) {
+    const py::object v = get(key);
+    return !v.is_none() && v.cast<bool>();
+  };
+  const auto number = [&get](const char* key, double fallback) {
+    const py::object v = get(key);
+    return v.is_none() ? fallback : v.cast<double>();
+  };
+  comm::SideGemm g;
+  g.a = operand(buf, tensor_ref_from_py(get("a"), "the GEMM's a"),
+                optional_tensor_ref_from_py(get("a_scale_inv"), "a_scale_inv"), flag("transa"), op,
+                "the GEMM's a");
+  g.b = operand(buf, tensor_ref_from_py(get("b"), "the GEMM's b"),
+                optional_tensor_ref_from_py(get("b_scale_inv"), "b_scale_inv"), flag("transb"), op,
+                "the GEMM's b");
+  g.d = output(buf, tensor_ref_from_py(get("out"), "the GEMM's out"), op);
+  g.d.scale = scalar(buf, optional_tensor_ref_from_py(get("out_scale"), "the GEMM's out_scale"), op,
+                     "the GEMM's out_scale");
+  g.d.amax = scalar(buf, optional_tensor_ref_from_py(get("out_amax"), "the GEMM's out_amax"), op,
+                    "the GEMM's out_amax");
+  g.options.alpha = static_cast<float>(number("alpha", 1.0));
+  g.options.beta = static_cast<float>(number("beta", 0.0));
+  g.options.gelu = flag("gelu");
+  g.options.fast_accum = flag("fast_accum");
+  g.options.sm_count = static_cast<int>(number("sm_count", 0));
+  if (const auto biasr = optional_tensor_ref_from_py(get("bias"), "bias")) {
+    const std::int64_t n = g.b.transposed ? g.b.rows : g.b.cols;
+    OVERLAP_CHECK_ARG(
+        biasr->is_contiguous() && biasr->numel() == n,
+        op << ": bias must be contiguous with " << n << " elements, got " << biasr->describe());
+    buf.check_tensor(*biasr, "bias");
+    g.options.bias = biasr->data;
+    g.options.bias_dtype = biasr->dtype;
+  }
+  return g;
+}
+
+// A 2-D tensor, contiguous and where the buffer's transport works.
+TensorRef matrix(const SymmetricBuffer& buf, py::handle t, const char* op, const char* what) {
+  const TensorRef r = tensor_ref_from_py(t, what);
+  OVERLAP_CHECK_ARG(r.shape.size() == 2,
+                    op << ": " << what << " must be 2-D, got " << r.describe());
+  buf.check_tensor(r, what);
+  return r;
+}
+
+}  // namespace
+
+void register_comm_bulk_ops(py::module_& m) {
+  py::module_ c = m.attr("comm_ops").cast<py::module_>();
+  c.def(
+      "bulk_rs_layout",
+      [](int size, std::size_t partial_bytes) {
+        const comm::BulkRsLayout l = comm::bulk_rs_layout(size, partial_bytes);
+        return py::make_tuple(l.slot_bytes, l.bytes);
+      },
+      py::arg("size"), py::arg("partial_bytes"), "(slot_bytes, bytes) of NOTE [bulk_rs layout].");
+  c.def(
+      "all_gather_beside_gemm",
+      [](SymmetricBuffer& buf, py::handle shard, const py::dict& gemm, py::handle shard_scale_inv,
+         std::uintptr_t stream) {
+        constexpr const char* kOp = "bulk_all_gather";
+        const TensorRef sr = tensor_ref_from_py(shard, "shard");
+        buf.check_tensor(sr, "the shard");
+        comm::GatherShard s;
+        s.data = sr.data;
+        s.bytes = static_cast<std::size_t>(sr.numel()) * dtype_size(sr.dtype);
+        s.scale_inv = scalar(buf, optional_tensor_ref_from_py(shard_scale_inv, "shard_scale_inv"),
+                             kOp, "shard_scale_inv");
+        OVERLAP_CHECK_ARG(dtype_is_fp8(sr.dtype) == (s.scale_inv != nullptr),
+                          kOp << ": an FP8 shard needs its scale_inv, other shards take none");
+        const comm::SideGemm g = side_gemm(buf, gemm, kOp);
+        py::gil_scoped_release release;
+        comm::all_gather_beside_gemm(buf, s, g, comm::BulkConfig{}, stream_from_py(stream));
+      },
+      py::arg("buffer"), py::arg("shard"), py::arg("gemm"), py::kw_only(),
+      py::arg("shard_scale_inv") = py::none(), py::arg("stream") = 0,
+      "Gather `shard` into the buffer while the GEMM described by `gemm` runs; see "
+      "csrc/comm/overlap/overlap_ops.h.");
+  c.def(
+      "reduce_scatter_beside_gemm",
+      [](SymmetricBuffer& buf, py::handle input, py::handle out, const py::dict& gemm,
+         py::handle out_scale, py::handle out_scale_inv, py::handle out_amax, int reduce_max_blocks,
+         int gemm_sm_margin, std::uintptr_t stream) {
+        constexpr const char* kOp = "bulk_reduce_scatter";
+        const TensorRef ir = matrix(buf, input, kOp, "the input");
+        const TensorRef orf = matrix(buf, out, kOp, "the output");
+        const comm::ScatterInput in{ir.data, ir.dtype, ir.shape[0], ir.shape[1]};
+        comm::ScatterOutput o;
+        o.data = orf.data;
+        o.dtype = orf.dtype;
+        o.rows = orf.shape[0];
+        o.cols = orf.shape[1];
+        o.scale =
+            scalar(buf, optional_tensor_ref_from_py(out_scale, "out_scale"), kOp, "out_scale");
+        o.scale_inv = scalar(buf, optional_tensor_ref_from_py(out_scale_inv, "out_scale_inv"), kOp,
+                             "out_scale_inv");
+        o.amax = scalar(buf, optional_tensor_ref_from_py(out_amax, "out_amax"), kOp, "out_amax");
+        const comm::SideGemm g = side_gemm(buf, gemm, kOp);
+        comm::BulkConfig config;
+        config.reduce_max_blocks = reduce_max_blocks;
+        config.gemm_sm_margin = gemm_sm_margin;
+        py::gil_scoped_release release;
+        comm::reduce_scatter_beside_gemm(buf, in, o, g, config, stream_from_py(stream));
+      },
+      py::arg("buffer"), py::arg("input"), py::arg("out"), py::arg("gemm"), py::kw_only(),
+      py::arg("out_scale") = py::none(), py::arg("out_scale_inv") = py::none(),
+      py::arg("out_amax") = py::none(), py::arg("reduce_max_blocks") = 64,
+      py::arg("gemm_sm_margin") = 16, py::arg("stream") = 0,
+      "out = this rank's rows of ReduceScatter(input) while the GEMM described by `gemm` runs; "
+      "see csrc/comm/overlap/overlap_ops.h.");
 }
 
 }  // namespace overlap::bindings

@@ -8,5 +8,6 @@ PYBIND11_MODULE(_C, m) {
   overlap::bindings::register_kernels(m);
   overlap::bindings::register_comm(m);
   overlap::bindings::register_comm_ops(m);
+  overlap::bindings::register_comm_bulk_ops(m);
   overlap::bindings::register_gemm(m);
 }

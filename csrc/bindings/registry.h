@@ -10,6 +10,7 @@ void register_common(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);
 void register_comm(pybind11::module_& m);
 void register_comm_ops(pybind11::module_& m);
+void register_comm_bulk_ops(pybind11::module_& m);  // after register_comm_ops
 void register_gemm(pybind11::module_& m);
 
 }  // namespace overlap::bindings

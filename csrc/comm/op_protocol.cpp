@@ -37,6 +37,10 @@ const char* op_name(std::uint64_t record) {
       return "ag_gemm";
     case OpCode::kGemmReduceScatter:
       return "gemm_rs";
+    case OpCode::kBulkAllGather:
+      return "bulk_all_gather";
+    case OpCode::kBulkReduceScatter:
+      return "bulk_reduce_scatter";
   }
   return "an unknown op";
 }

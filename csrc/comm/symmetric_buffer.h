@@ -42,6 +42,8 @@ enum class OpCode : int {
   kBarrier = 3,
   kAllGatherGemm = 4,      // comm/overlap/ag_gemm.cpp
   kGemmReduceScatter = 5,  // comm/overlap/gemm_rs.cpp
+  kBulkAllGather = 6,      // comm/overlap/bulk.cpp
+  kBulkReduceScatter = 7,  // comm/overlap/bulk.cpp
 };
 
 class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {

@@ -19,7 +19,14 @@ from overlap.quantization import cast_to_fp8
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["all_gather_gemm_reference", "all_gather_rows", "gemm_reduce_scatter_reference"]
+__all__ = [
+    "all_gather_beside_gemm_reference",
+    "all_gather_gemm_reference",
+    "all_gather_rows",
+    "gemm_reduce_scatter_reference",
+    "reduce_scatter_beside_gemm_reference",
+    "reduce_scatter_rows",
+]
 
 
 def all_gather_rows(x: torch.Tensor, group: object = None) -> torch.Tensor:
@@ -151,3 +158,115 @@ def gemm_reduce_scatter_reference(
         )
         return out
     return acc.to(out_dtype)
+
+
+# ---- bulk overlap (overlap.ops.bulk) ---------------------------------------------------------
+
+
+def _side_gemm_reference(op: str, a: Operand, b: Operand, gemm_kwargs: dict) -> torch.Tensor:
+    """The side GEMM of a bulk op, run on its own by :func:`overlap.gemm.gemm`."""
+    from overlap.ops.bulk import side_gemm
+
+    g = side_gemm(op, a, b, _operand_device(a), **gemm_kwargs)
+    gemm(
+        g["a"],
+        g["b"],
+        out=g["out"],
+        transa=g["transa"],
+        transb=g["transb"],
+        alpha=g["alpha"],
+        beta=g["beta"],
+        bias=g["bias"],
+        gelu=g["gelu"],
+        a_scale_inv=g["a_scale_inv"],
+        b_scale_inv=g["b_scale_inv"],
+        out_scale=g["out_scale"],
+        out_amax=g["out_amax"],
+        fast_accum=g["fast_accum"],
+        sm_count=g["sm_count"],
+    )
+    return g["out"]
+
+
+def _operand_device(x: Operand) -> torch.device:
+    from overlap.quantization import QuantizedTensor
+
+    return x.rowwise_data.device if isinstance(x, QuantizedTensor) else x.device
+
+
+def all_gather_beside_gemm_reference(
+    x_shard: Operand, a: Operand, b: Operand, *, group: object = None, **gemm_kwargs: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gathered, y)``: ``gathered = AllGather(x_shard)`` (the data; FP8 stays FP8: gather
+    the scale_invs with :func:`all_gather_rows` of ``x_shard.rowwise_scale_inv``) and the
+    side GEMM ``y = gemm(a, b, **gemm_kwargs)`` (the keywords of
+    :class:`~overlap.ops.AllGatherBesideGemm`), one after the other."""
+    data, _ = split_operand("bulk_all_gather reference", "x_shard", x_shard)
+    gathered = all_gather_rows(data, group)
+    return gathered, _side_gemm_reference("bulk_all_gather reference", a, b, dict(gemm_kwargs))
+
+
+def reduce_scatter_rows(
+    x: torch.Tensor,
+    *,
+    group: object = None,
+    out_dtype: torch.dtype | None = None,
+    out_scale: torch.Tensor | None = None,
+    out_amax: torch.Tensor | None = None,
+    exact: bool = True,
+) -> torch.Tensor:
+    """This rank's rows of ``sum over ranks (x)`` (``x`` ``[M, N]``, ``M`` a multiple of the
+    TP size). ``exact=True`` sums in rank order with fp32 accumulation after an all-gather,
+    as the bulk op does (the test oracle); ``exact=False`` calls the library's reduce-scatter
+    (NCCL's on GPUs: the benchmark's baseline). FP8 ``out_dtype``: cast with ``out_scale``
+    (``out_amax`` receives ``max |sum|``)."""
+    import torch
+    import torch.distributed as dist
+
+    tp = dist.get_world_size(group)
+    if x.dim() != 2 or x.shape[0] % tp:
+        raise InvalidArgumentError(
+            f"reduce_scatter reference: x {tuple(x.shape)} must be 2-D with rows a multiple of "
+            f"the TP size {tp}"
+        )
+    out_dtype = out_dtype or x.dtype
+    if exact:
+        everyone = all_gather_rows(x.contiguous().unsqueeze(0), group)  # [tp, M, N]
+        mine = everyone.chunk(tp, dim=1)[dist.get_rank(group)].float()
+        acc = mine[0].clone()
+        for k in range(1, tp):
+            acc += mine[k]
+    else:
+        acc = torch.empty((x.shape[0] // tp, x.shape[1]), dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_tensor(acc, x.contiguous(), group=group)
+    if is_fp8(out_dtype):
+        if out_scale is None:
+            raise InvalidArgumentError("reduce_scatter reference: an FP8 output needs out_scale")
+        out, _ = cast_to_fp8(
+            acc.float().contiguous(), out_scale, fp8_dtype=out_dtype, amax=out_amax
+        )
+        return out
+    return acc.to(out_dtype)
+
+
+def reduce_scatter_beside_gemm_reference(
+    x: torch.Tensor,
+    a: Operand,
+    b: Operand,
+    *,
+    group: object = None,
+    out_dtype: torch.dtype | None = None,
+    out_scale: torch.Tensor | None = None,
+    out_amax: torch.Tensor | None = None,
+    exact: bool = True,
+    **gemm_kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, y)``: :func:`reduce_scatter_rows` of ``x`` and the side GEMM
+    ``y = gemm(a, b, **gemm_kwargs)`` (``transa``, ``transb``, ``out``, ``out_dtype``, ... as
+    :func:`overlap.gemm.gemm`; the ``gemm_out*`` names of
+    :class:`~overlap.ops.ReduceScatterBesideGemm` are spelled without the prefix here), one
+    after the other."""
+    out = reduce_scatter_rows(
+        x, group=group, out_dtype=out_dtype, out_scale=out_scale, out_amax=out_amax, exact=exact
+    )
+    return out, _side_gemm_reference("bulk_reduce_scatter reference", a, b, dict(gemm_kwargs))

@@ -15,7 +15,12 @@ import overlap  # noqa: E402
 from overlap.comm import Communicator  # noqa: E402
 from overlap.errors import ConfigError, InvalidArgumentError, StateError  # noqa: E402
 from overlap.gemm import gemm  # noqa: E402
-from overlap.ops import AllGatherGemm, GemmReduceScatter  # noqa: E402
+from overlap.ops import (  # noqa: E402
+    AllGatherBesideGemm,
+    AllGatherGemm,
+    GemmReduceScatter,
+    ReduceScatterBesideGemm,
+)
 from overlap.ub import (  # noqa: E402
     GEMM_NAMES,
     GemmOverlapConfig,
@@ -32,13 +37,13 @@ from tests.unit.test_buffers import Solo  # noqa: E402
 M = OverlapMethod
 DEFAULTS = {
     "qkv_fprop": M.RING_AG,
-    "qkv_dgrad": M.PIPELINE_RS,
+    "qkv_dgrad": M.BULK_AG,
     "qkv_wgrad": M.BULK_RS,
     "proj_fprop": M.PIPELINE_RS,
     "proj_dgrad": M.RING_AG,
     "proj_wgrad": M.NONE,
     "fc1_fprop": M.RING_AG,
-    "fc1_dgrad": M.PIPELINE_RS,
+    "fc1_dgrad": M.BULK_AG,
     "fc1_wgrad": M.BULK_RS,
     "fc2_fprop": M.PIPELINE_RS,
     "fc2_dgrad": M.RING_AG,
@@ -67,6 +72,24 @@ def test_default_methods() -> None:
     assert {n: c.method for n, c in cfg.gemms.items()} == DEFAULTS
     assert cfg.dtype == "bfloat16" and cfg.fp8_dtype == "float8_e4m3fn"
     assert cfg.gemms["qkv_fprop"].lanes == 2 and cfg.gemms["proj_fprop"].lanes == 1
+    assert cfg.gemms["qkv_wgrad"].max_blocks == 64 and cfg.gemms["proj_fprop"].max_blocks == 0
+    assert cfg.gemms["qkv_wgrad"].sm_margin == 16
+
+
+def test_pipelined_dgrad_leaves_wgrad_nothing_to_scatter() -> None:
+    # NOTE [ub bulk]: a PIPELINE_RS dgrad reduce-scatters itself; its wgrad defaults to NONE.
+    cfg = UbConfig(8, 4, gemms={"fc1_dgrad": GemmOverlapConfig(M.PIPELINE_RS)})
+    assert cfg.gemms["fc1_wgrad"].method is M.NONE and cfg.gemms["qkv_wgrad"].method is M.BULK_RS
+    explicit = {"fc1_dgrad": GemmOverlapConfig(M.PIPELINE_RS), "fc1_wgrad": GemmOverlapConfig()}
+    assert UbConfig(8, 4, gemms=explicit).gemms["fc1_wgrad"].method is M.NONE
+    kept = {
+        "fc1_dgrad": GemmOverlapConfig(M.PIPELINE_RS),
+        "fc1_wgrad": GemmOverlapConfig(M.BULK_RS),
+    }
+    assert UbConfig(8, 4, gemms=kept).gemms["fc1_wgrad"].method is M.BULK_RS
+    with pytest.warns(UserWarning, match="maps to"):
+        te = UbConfig.from_te_dict({"qkv_dgrad": {"method": "ring_exchange"}}, tokens=8, hidden=4)
+    assert te.gemms["qkv_dgrad"].method is M.PIPELINE_RS and te.gemms["qkv_wgrad"].method is M.NONE
 
 
 @pytest.mark.parametrize(
@@ -77,6 +100,7 @@ def test_default_methods() -> None:
         ({"compute_lanes": True}, "compute_lanes: True"),
         ({"put_split": 0}, "put_split: 0 is not an int in 1..8"),
         ({"reduce_max_blocks": -1}, "reduce_max_blocks: -1 is not an int in >= 0"),
+        ({"gemm_sm_margin": 1.5}, "gemm_sm_margin: 1.5 is not an int in >= 0"),
         ({"fp8": 1}, "fp8: 1 must be True or False"),
     ],
 )
@@ -180,17 +204,27 @@ def test_buffers_are_shared_per_kind_and_counted() -> None:
     ub = init(shape=(64, 32))
     ag_bytes = AllGatherGemm.buffer_bytes(1, 64, 32, torch.bfloat16)
     rs_bytes = GemmReduceScatter.buffer_bytes(1, 64, 32, torch.bfloat16)
-    assert ub.total_bytes == ag_bytes + rs_bytes
+    bulk_ag_bytes = AllGatherBesideGemm.buffer_bytes(1, 64, 32, torch.bfloat16)
+    bulk_rs_bytes = ReduceScatterBesideGemm.buffer_bytes(1, 64, 32, torch.bfloat16)
+    assert ub.total_bytes == ag_bytes + rs_bytes + bulk_ag_bytes + bulk_rs_bytes
     ag = [ub.get(n) for n in ("qkv_fprop", "proj_dgrad", "fc1_fprop", "fc2_dgrad")]
-    rs = [ub.get(n) for n in ("proj_fprop", "fc2_fprop", "qkv_dgrad", "fc1_dgrad")]
+    rs = [ub.get(n) for n in ("proj_fprop", "fc2_fprop")]
+    bulk_ag = [ub.get(n) for n in ("qkv_dgrad", "fc1_dgrad")]
+    bulk_rs = [ub.get(n) for n in ("qkv_wgrad", "fc1_wgrad")]
     assert all(isinstance(o, AllGatherGemm) for o in ag)
     assert all(isinstance(o, GemmReduceScatter) for o in rs)
-    assert len({id(o.buffer) for o in ag}) == 1 and len({id(o.buffer) for o in rs}) == 1
-    assert ag[0].buffer is not rs[0].buffer
+    assert all(isinstance(o, AllGatherBesideGemm) for o in bulk_ag)
+    assert all(isinstance(o, ReduceScatterBesideGemm) for o in bulk_rs)
+    assert bulk_rs[0].reduce_max_blocks == 64 and bulk_rs[0].gemm_sm_margin == 16
+    kinds = (ag, rs, bulk_ag, bulk_rs)
+    assert all(len({id(o.buffer) for o in ops}) == 1 for ops in kinds)
+    assert len({id(ops[0].buffer) for ops in kinds}) == 4
     table = ub.describe()
     assert f"total: {ub.total_bytes} bytes per rank" in table
-    assert "qkv_wgrad   bulk_rs" in table and "not overlapped" in table
+    assert "qkv_wgrad   bulk_rs      False -     #" in table
+    assert "proj_wgrad  none         False -     not overlapped" in table
     assert "shared by qkv_fprop, proj_dgrad, fc1_fprop, fc2_dgrad" in table
+    assert "shared by qkv_dgrad, fc1_dgrad" in table and "shared by qkv_wgrad, fc1_wgrad" in table
 
 
 def test_fp8_and_put_split_get_their_own_buffers() -> None:
@@ -211,6 +245,8 @@ def test_fp8_and_put_split_get_their_own_buffers() -> None:
         AllGatherGemm.buffer_bytes(1, 64, 32, torch.float8_e4m3fn)
         + 2 * AllGatherGemm.buffer_bytes(1, 64, 32, torch.bfloat16)
         + GemmReduceScatter.buffer_bytes(1, 64, 32, torch.bfloat16)
+        + AllGatherBesideGemm.buffer_bytes(1, 64, 32, torch.bfloat16)
+        + ReduceScatterBesideGemm.buffer_bytes(1, 64, 32, torch.bfloat16)
     )
     assert ub.total_bytes == want
 
@@ -248,9 +284,18 @@ def test_lifecycle_and_ops_through_the_registry() -> None:
         get_ub("proj_fprop")(rand(65, 24, seed=6), w_rs)
     with pytest.raises(ConfigError, match=r"valid names: \['qkv_fprop'"):
         get_ub("qkv")
-    with pytest.raises(ConfigError, match=r"qkv_wgrad is not overlapped .*does not implement"):
-        get_ub("qkv_wgrad")
+    with pytest.raises(ConfigError, match=r"proj_wgrad is not overlapped \(method none\)"):
+        get_ub("proj_wgrad")
     assert not ub.is_overlapped("proj_wgrad") and ub.is_overlapped("proj_fprop")
+    # The bulk pair of a column-parallel backward (NOTE [ub bulk]): gather the input beside
+    # dgrad, then reduce-scatter dgrad's partial sums beside wgrad, which reads the gathered
+    # input from the other buffer.
+    x_shard, dy, w_fc1 = rand(64, 32, seed=7), rand(64, 24, seed=8), rand(24, 32, seed=9)
+    dgrad = get_ub("fc1_dgrad")(x_shard, dy, w_fc1)
+    assert torch.equal(dgrad, gemm(dy, w_fc1))
+    gathered = get_ub("fc1_dgrad").gathered_input()
+    dx, dw = get_ub("fc1_wgrad")(dgrad, dy, gathered, transa=True)
+    assert torch.equal(dx, dgrad) and torch.equal(dw, gemm(dy, x_shard, transa=True))
     buffers = {id(ub.get(n).buffer): ub.get(n).buffer for n in ("qkv_fprop", "proj_fprop")}
     held = ub.get("fc1_fprop")
     destroy_ub()

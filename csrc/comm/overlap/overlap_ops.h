@@ -87,4 +87,88 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream);
 
+// ---- bulk overlap: a collective beside an unrelated GEMM (comm/overlap/bulk.cpp) ----------
+//
+// A transformer's backward has GEMMs whose operands do not depend on a pending collective:
+// the gathered input for wgrad can be all-gathered while dgrad runs, and dgrad's partial sums
+// reduce-scattered while wgrad runs. The bulk ops run one collective of one tensor and one
+// GEMM with its own operands at the same time, on the same stream contract as the ops above:
+// COLLECTIVE, begin_op protocol, lanes forked from `stream` and joined back, every argument
+// validated before anything is issued. The GEMM neither reads nor writes what the collective
+// touches (checked: see NOTE [bulk independence] in bulk.cpp), so its result does not depend
+// on the collective's timing and vice versa. Timelines: above each function in bulk.cpp.
+
+// The GEMM that runs beside a bulk collective: any call gemm() accepts on the buffer's
+// transport (gemm/gemm.h), e.g. dgrad dX = dY W (b not transposed) or wgrad dW = dY^T X.
+struct SideGemm {
+  gemm::GemmOperand a;
+  gemm::GemmOperand b;
+  gemm::GemmOutput d;
+  gemm::GemmOptions options;
+};
+
+// Tuning of a bulk op; the results do not depend on it.
+struct BulkConfig {
+  // reduce_scatter_beside_gemm: bound on the reduction kernel's grid (<= 0: fill the GPU).
+  // The kernel's blocks are 256 threads, 4 resident per SM: 64 blocks keep 16 SMs.
+  int reduce_max_blocks = 64;
+  // reduce_scatter_beside_gemm, cuda: when the side GEMM gives no sm_count of its own, it
+  // plans for (device SMs - gemm_sm_margin) so that the reduction finds SMs free while the
+  // GEMM runs (0: the GEMM plans for the whole GPU). all_gather_beside_gemm uses no SMs for
+  // its communication and leaves the GEMM's sm_count alone.
+  int gemm_sm_margin = 16;
+};
+
+// The shard of a bulk all-gather: `bytes` contiguous bytes in the transport's memory, and
+// for a per-tensor FP8 shard its float32[1] scale_inv (nullptr otherwise). The buffer holds
+// the gathered shards in ag_gemm's layout (NOTE [ag_gemm layout]): rank j's shard at
+// j * bytes, rank j's scale_inv in scale slot j (DESIGN.md invariant 1).
+struct GatherShard {
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+  const float* scale_inv = nullptr;
+};
+
+// Gathers every rank's shard into the buffer (copy engines, no SM) while `gemm` runs.
+// After the op, the buffer holds the gathered shards until the next op on it.
+void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, const SideGemm& gemm,
+                            const BulkConfig& config, cudaStream_t stream);
+
+// NOTE [bulk_rs layout]: `size` slots of one [M / size, n] partial of the input dtype, each
+// rounded up to 256 bytes: slot j receives rank j's partial sums of this rank's rows (pushed
+// by rank j's copy engines). Slot `rank` stays unused: the own partial is read from the input.
+struct BulkRsLayout {
+  std::size_t slot_bytes = 0;
+  std::size_t bytes = 0;
+};
+BulkRsLayout bulk_rs_layout(int size, std::size_t partial_bytes);
+
+// The input of a bulk reduce-scatter: a contiguous [rows, cols] bf16/fp16/fp32 matrix, rows
+// (tokens) a multiple of the group size; rank j's rows are [j rows/size, (j+1) rows/size).
+struct ScatterInput {
+  const void* data = nullptr;
+  DType dtype = DType::kBFloat16;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+};
+
+// The output: a contiguous [rows / size, cols] matrix of the input's dtype, or FP8 with
+// `scale` (required: out = fp8(sum * scale)), `scale_inv` (optional, receives 1 / scale) and
+// `amax` (optional, receives max |sum|); float32[1] each, in the transport's memory.
+struct ScatterOutput {
+  void* data = nullptr;
+  DType dtype = DType::kBFloat16;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  const float* scale = nullptr;
+  float* scale_inv = nullptr;
+  float* amax = nullptr;
+};
+
+// This rank's rows of the sum over ranks of `in` (fp32 accumulation in rank order, the same
+// result on every rank) while `gemm` runs. `out` must not overlap `in`.
+void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
+                                const ScatterOutput& out, const SideGemm& gemm,
+                                const BulkConfig& config, cudaStream_t stream);
+
 }  // namespace overlap::comm

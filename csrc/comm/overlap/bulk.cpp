@@ -1,0 +1,311 @@
+// Bulk overlap: one all-gather or reduce-scatter of one tensor beside one unrelated GEMM
+// (the backward pass: gather wgrad's input while dgrad runs; reduce-scatter dgrad's partial
+// sums while wgrad runs).
+#include <algorithm>
+#include <vector>
+
+#include "comm/op_protocol.h"
+#include "comm/overlap/op_common.h"
+#include "comm/overlap/overlap_ops.h"
+
+namespace overlap::comm {
+
+using detail::kSlotAlign;
+using detail::round_up;
+
+BulkRsLayout bulk_rs_layout(int size, std::size_t partial_bytes) {
+  BulkRsLayout l;
+  l.slot_bytes = round_up(partial_bytes, kSlotAlign);
+  l.bytes = l.slot_bytes * static_cast<std::size_t>(size);
+  return l;
+}
+
+namespace {
+
+constexpr const char* kAgOp = "bulk_all_gather";
+constexpr const char* kRsOp = "bulk_reduce_scatter";
+
+// Lanes of a bulk op: 0 = the caller's stream (protocol, waits, reduction), 1 = the GEMM,
+// then put_split copy lanes per peer.
+constexpr int kGemmLane = 1;
+constexpr int kFirstPutLane = 2;
+
+// NOTE [bulk independence]: the side GEMM runs while peers write into this rank's buffer and
+// while the collective reads its input and writes its output, in no particular order. Its
+// result (and the collective's) is only well defined when the two share no memory that
+// either one writes, so every such overlap is refused before the op begins:
+//   - GEMM inputs and output vs. the buffer (written by peers, read by the reduction);
+//   - GEMM output vs. the collective's input (read by the puts and the reduction);
+//   - GEMM inputs and output vs. the collective's output (written by the reduction).
+// GEMM inputs may share memory with the collective's input (both only read it).
+struct Extent {
+  const char* begin = nullptr;
+  const char* end = nullptr;
+  const char* what = "";
+};
+
+Extent extent(const void* p, std::size_t bytes, const char* what) {
+  const char* b = static_cast<const char*>(p);
+  return Extent{b, b + bytes, what};
+}
+
+// The bytes a stored [rows, cols] matrix with leading dimension ld spans (after validation).
+std::size_t matrix_bytes(std::int64_t rows, std::int64_t cols, std::int64_t ld, DType dtype) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return static_cast<std::size_t>((rows - 1) * ld + cols) * dtype_size(dtype);
+}
+
+std::vector<Extent> gemm_reads(const SideGemm& g) {
+  return {extent(g.a.data, matrix_bytes(g.a.rows, g.a.cols, g.a.ld, g.a.dtype), "input a"),
+          extent(g.b.data, matrix_bytes(g.b.rows, g.b.cols, g.b.ld, g.b.dtype), "input b")};
+}
+
+std::vector<Extent> gemm_writes(const SideGemm& g) {
+  std::vector<Extent> w = {
+      extent(g.d.data, matrix_bytes(g.d.rows, g.d.cols, g.d.ld, g.d.dtype), "output")};
+  if (g.d.amax != nullptr) w.push_back(extent(g.d.amax, sizeof(float), "amax"));
+  return w;
+}
+
+void check_disjoint(const std::vector<Extent>& gemm, const Extent& comm, const char* op) {
+  for (const Extent& x : gemm) {
+    const bool overlap = x.begin < comm.end && comm.begin < x.end;
+    OVERLAP_CHECK_ARG(!overlap, op << ": the side GEMM's " << x.what << " overlaps " << comm.what
+                                   << "; the GEMM beside a bulk collective must not share memory "
+                                      "with it (NOTE [bulk independence])");
+  }
+}
+
+// Everything the side GEMM needs checked before the op begins; returns its options with the
+// SM margin applied (cuda, when the caller gave no sm_count).
+gemm::GemmOptions check_side_gemm(const SymmetricBuffer& buf, const SideGemm& g, int sm_margin,
+                                  const char* op) {
+  const gemm::GemmTarget target = gemm::gemm_target(buf.transport().device());
+  gemm::GemmOptions options = g.options;
+  if (options.sm_count == 0 && sm_margin > 0 && !target.host) {
+    options.sm_count = std::max(1, target.sm_count - sm_margin);
+  }
+  gemm::validate_gemm(g.a, g.b, g.d, options, target);
+  check_disjoint(gemm_reads(g), extent(buf.data(buf.rank()), buf.bytes(), "the symmetric buffer"),
+                 op);
+  check_disjoint(gemm_writes(g), extent(buf.data(buf.rank()), buf.bytes(), "the symmetric buffer"),
+                 op);
+  return options;
+}
+
+// What begin_op checks too, done before the fork: the GEMM is issued ahead of begin_op.
+void check_can_begin(const SymmetricBuffer& buf, cudaStream_t stream, const char* op) {
+  buf.check_ready(op);
+  buf.transport().raise_if_failed();
+  buf.transport().check_stream(stream);
+}
+
+// NOTE [bulk schedule]: the GEMM is issued first, on its own lane forked from the caller's
+// stream, and so waits for nothing of the collective (not even begin_op's barrier: a late
+// peer delays the collective, never the GEMM). begin_op then runs on the caller's stream;
+// the put lanes wait for it (lane_wait on lane 0) before they write into any peer's buffer
+// (NOTE [buffer reuse]). If begin_op throws (an op-record mismatch), the lanes are joined
+// first, so that the caller's stream still covers the GEMM it was promised.
+std::uint64_t begin_beside_gemm(SymmetricBuffer& buf, OpCode code, std::uint64_t arg,
+                                const SideGemm& g, const gemm::GemmOptions& options, int lanes,
+                                const char* op, cudaStream_t stream) {
+  Transport& t = buf.transport();
+  t.fork(stream, lanes);
+  t.gemm(g.a, g.b, g.d, options, stream, kGemmLane);
+  try {
+    return begin_op(buf, code, arg, op, stream);
+  } catch (...) {
+    t.join(stream);
+    throw;
+  }
+}
+
+// Copies `bytes` from src to dst on the put lanes first..first+split-1 (after begin_op), lane
+// `first` then waiting for the others.
+void put_split(Transport& t, char* dst, const char* src, std::size_t bytes, int split, int first,
+               cudaStream_t stream) {
+  const std::size_t slice = (bytes + split - 1) / split;
+  for (int s = 0; s < split; ++s) {
+    const std::size_t begin = std::min(bytes, s * slice);
+    t.lane_wait(stream, first + s, 0);
+    t.put(dst + begin, src + begin, std::min(bytes - begin, slice), stream, first + s);
+  }
+  for (int s = 1; s < split; ++s) t.lane_wait(stream, first, first + s);
+}
+
+}  // namespace
+
+// NOTE [bulk_all_gather schedule]: timeline of rank r (n ranks, S = put_split, c0 = the
+// caller's stream):
+//
+// clang-format off
+//   c0      | fork | begin_op | put own shard -> own slot r | wait kData(r-1) ... kData(r+1) | join
+//   gemm    |      | GEMM (independent operands, its own sm_count) .......................... |
+//   put 1   |      |          | put shard + scale_inv -> slot r of rank r+1, signal kData     |
+//   ...     |      |          | (S lanes per peer, joined before the peer's signal)           |
+//   put n-1 |      |          | put shard + scale_inv -> slot r of rank r-1, signal kData     |
+// clang-format on
+//
+// The puts are copy-engine copies and the flags stream memory operations, so the all-gather
+// takes no SM from the GEMM; every peer pair uses its own NVLink links at once. The layout is
+// ag_gemm's (NOTE [ag_gemm layout]): a buffer filled here reads like one filled by ag_gemm.
+void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, const SideGemm& g,
+                            const BulkConfig& config, cudaStream_t stream) {
+  const int r = buf.rank();
+  const int n = buf.size();
+  Transport& t = buf.transport();
+  // ---- validation: nothing below the fork may throw for a bad argument -----------------------
+  check_can_begin(buf, stream, kAgOp);
+  OVERLAP_CHECK_ARG(shard.data != nullptr && shard.bytes > 0,
+                    kAgOp << ": the shard is empty (" << shard.bytes << " bytes)");
+  const bool scaled = shard.scale_inv != nullptr;
+  const AgGemmLayout l = ag_gemm_layout(n, shard.bytes, scaled);
+  detail::check_fits(buf, l.bytes, kAgOp);
+  const gemm::GemmOptions options = check_side_gemm(buf, g, /*sm_margin=*/0, kAgOp);
+  check_disjoint(gemm_writes(g), extent(shard.data, shard.bytes, "the shard"), kAgOp);
+  if (scaled) {
+    check_disjoint(gemm_writes(g), extent(shard.scale_inv, sizeof(float), "the shard's scale_inv"),
+                   kAgOp);
+  }
+  (void)config;  // nothing of BulkConfig applies to the all-gather
+  const int split = buf.put_split();
+  const std::uint64_t arg = mix_arg(mix_arg(0, shard.bytes), scaled ? 1 : 0);
+
+  // ---- the op --------------------------------------------------------------------------------
+  const int lanes = kFirstPutLane + std::max(1, (n - 1) * split);
+  const std::uint64_t epoch =
+      begin_beside_gemm(buf, OpCode::kBulkAllGather, arg, g, options, lanes, kAgOp, stream);
+  const char* src = static_cast<const char*>(shard.data);
+  // Pushes before waits: the host transport runs in program order.
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + i) % n;
+    const int first = kFirstPutLane + (i - 1) * split;
+    put_split(t, buf.data(peer) + r * l.shard_bytes, src, l.shard_bytes, split, first, stream);
+    if (scaled) {
+      t.put(buf.data(peer) + l.scale_offset + r * kScaleSlotBytes, shard.scale_inv, sizeof(float),
+            stream, first);
+    }
+    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
+  }
+  char* const own = buf.data(r);
+  t.put(own + r * l.shard_bytes, src, l.shard_bytes, stream, 0);
+  if (scaled) {
+    t.put(own + l.scale_offset + r * kScaleSlotBytes, shard.scale_inv, sizeof(float), stream, 0);
+  }
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + n - i) % n;
+    WaitContext ctx{kAgOp, r, peer, i, epoch, buf.timeout_s()};
+    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
+  }
+  t.join(stream);
+}
+
+// NOTE [bulk_reduce_scatter schedule]: push, then reduce locally. Timeline of rank r (n
+// ranks, S = put_split, m = rows / n, c0 = the caller's stream):
+//
+// clang-format off
+//   c0      | fork | begin_op | wait kData(r-1) ... kData(r+1) | reduce (<= reduce_max_blocks) | join
+//   gemm    |      | GEMM (sm_count = SMs - gemm_sm_margin) ................................... |
+//   put 1   |      |          | put input rows of rank r+1 -> its slot r, signal kData          |
+//   ...     |      |          | (S lanes per peer, joined before the peer's signal)             |
+//   put n-1 |      |          | put input rows of rank r-1 -> its slot r, signal kData          |
+// clang-format on
+//
+// The copy engines carry every byte over NVLink (no SM), straight from the caller's input
+// into the peers' buffers (no staging copy); the reduction then reads local memory only: the
+// own rows of the input and the n-1 slots, summed in rank order with fp32 accumulation (the
+// same sum on every rank, and the same as the reference's). Its grid is bounded and the GEMM
+// plans for the SMs left, so both make progress while they overlap. A peer writes our slots
+// only after we acknowledged this op, i.e. after our previous op's reduction (stream-ordered
+// before that acknowledgement) finished reading them (NOTE [buffer reuse]); nobody reads our
+// region remotely.
+void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
+                                const ScatterOutput& out, const SideGemm& g,
+                                const BulkConfig& config, cudaStream_t stream) {
+  const int r = buf.rank();
+  const int n = buf.size();
+  Transport& t = buf.transport();
+  // ---- validation: nothing below the fork may throw for a bad argument -----------------------
+  check_can_begin(buf, stream, kRsOp);
+  OVERLAP_CHECK(config.gemm_sm_margin >= 0, kConfig,
+                kRsOp << ": gemm_sm_margin must be >= 0, got " << config.gemm_sm_margin);
+  OVERLAP_CHECK_ARG(
+      in.dtype == DType::kBFloat16 || in.dtype == DType::kFloat16 || in.dtype == DType::kFloat32,
+      kRsOp << ": the input must be bfloat16, float16 or float32, got " << dtype_name(in.dtype));
+  OVERLAP_CHECK_ARG(in.data != nullptr && in.cols >= 1 && in.rows >= n && in.rows % n == 0,
+                    kRsOp << ": the input's " << in.rows << " rows (tokens) must be a positive "
+                          << "multiple of the group size " << n << " and its columns (" << in.cols
+                          << ") >= 1; pad the tokens");
+  const bool fp8_out = dtype_is_fp8(out.dtype);
+  OVERLAP_CHECK_ARG(fp8_out || out.dtype == in.dtype,
+                    kRsOp << ": the output must be " << dtype_name(in.dtype)
+                          << " (the input's dtype) or FP8, got " << dtype_name(out.dtype));
+  OVERLAP_CHECK_ARG(fp8_out
+                        ? out.scale != nullptr
+                        : (out.scale == nullptr && out.scale_inv == nullptr && out.amax == nullptr),
+                    kRsOp << ": an FP8 output needs a scale (amax and scale_inv optional); other "
+                             "outputs take none");
+  const std::int64_t m = in.rows / n;
+  OVERLAP_CHECK_ARG(out.rows == m && out.cols == in.cols,
+                    kRsOp << ": the output must be [" << m << ", " << in.cols
+                          << "] (rows / size, cols), got [" << out.rows << ", " << out.cols << "]");
+  const std::size_t in_es = dtype_size(in.dtype);
+  const std::size_t chunk_bytes = static_cast<std::size_t>(m * in.cols) * in_es;
+  const std::size_t out_bytes = static_cast<std::size_t>(m * in.cols) * dtype_size(out.dtype);
+  const BulkRsLayout l = bulk_rs_layout(n, chunk_bytes);
+  detail::check_fits(buf, l.bytes, kRsOp);
+  const gemm::GemmOptions options = check_side_gemm(buf, g, config.gemm_sm_margin, kRsOp);
+  const Extent input = extent(in.data, chunk_bytes * n, "the reduce-scatter's input");
+  const Extent output = extent(out.data, out_bytes, "the reduce-scatter's output");
+  check_disjoint(gemm_writes(g), input, kRsOp);
+  check_disjoint(gemm_writes(g), output, kRsOp);
+  check_disjoint(gemm_reads(g), output, kRsOp);
+  for (const float* p :
+       {out.scale, static_cast<const float*>(out.scale_inv), static_cast<const float*>(out.amax)}) {
+    if (p != nullptr)
+      check_disjoint(gemm_writes(g), extent(p, sizeof(float), "an FP8 scalar"), kRsOp);
+  }
+  // Our own put lanes may still read the input while the reduction writes the output.
+  check_disjoint({output}, input, kRsOp);
+  check_disjoint({output}, extent(buf.data(r), buf.bytes(), "the symmetric buffer"), kRsOp);
+  const int split = buf.put_split();
+  std::uint64_t arg = 0;
+  for (std::uint64_t v : {std::uint64_t(in.rows), std::uint64_t(in.cols), std::uint64_t(in.dtype),
+                          std::uint64_t(out.dtype)}) {
+    arg = mix_arg(arg, v);
+  }
+
+  // ---- the op --------------------------------------------------------------------------------
+  const int lanes = kFirstPutLane + std::max(1, (n - 1) * split);
+  const std::uint64_t epoch =
+      begin_beside_gemm(buf, OpCode::kBulkReduceScatter, arg, g, options, lanes, kRsOp, stream);
+  const char* src = static_cast<const char*>(in.data);
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + i) % n;
+    const int first = kFirstPutLane + (i - 1) * split;
+    put_split(t, buf.data(peer) + r * l.slot_bytes, src + peer * chunk_bytes, chunk_bytes, split,
+              first, stream);
+    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
+  }
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + n - i) % n;
+    WaitContext ctx{kRsOp, r, peer, i, epoch, buf.timeout_s()};
+    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
+  }
+  // Rank order: the same sum on every rank whichever rank computed which partial.
+  std::vector<const void*> inputs(n);
+  for (int j = 0; j < n; ++j) {
+    inputs[j] = j == r ? static_cast<const void*>(src + r * chunk_bytes)
+                       : static_cast<const void*>(buf.data(r) + j * l.slot_bytes);
+  }
+  ReduceOutput o;
+  o.format = out.dtype;
+  o.scale = out.scale;
+  o.scale_inv = out.scale_inv;
+  o.amax = out.amax;
+  o.max_blocks = config.reduce_max_blocks;
+  t.reduce(out.data, inputs.data(), n, static_cast<std::size_t>(m * in.cols), in.dtype, o, stream);
+  t.join(stream);
+}
+
+}  // namespace overlap::comm

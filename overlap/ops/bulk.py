@@ -1,0 +1,495 @@
+"""Bulk overlap: one collective of one tensor beside one unrelated GEMM.
+
+The backward pass of a sequence-parallel, column-parallel linear layer (qkv, fc1) has two
+collectives that no GEMM consumes chunk by chunk, but that can each hide behind a GEMM that
+does not need them:
+
+* :class:`AllGatherBesideGemm`: gather the layer input ``[T / tp, K] -> [T, K]`` (which wgrad
+  needs) while dgrad ``dX = dY @ W`` runs;
+* :class:`ReduceScatterBesideGemm`: reduce-scatter dgrad's partial sums ``[T, K] ->
+  [T / tp, K]`` while wgrad ``dW = dY.T @ X`` runs.
+
+The collective and the GEMM share no memory (refused otherwise, before anything is issued:
+NOTE [bulk independence] in ``csrc/comm/overlap/bulk.cpp``), so neither result depends on the
+other's timing. On the cuda transport the all-gather uses the copy engines only (no SM); the
+reduce-scatter's bytes travel by copy engine as well and its local reduction runs with a
+bounded grid (``reduce_max_blocks``) while the GEMM plans for the remaining SMs
+(``gemm_sm_margin``). The stream timelines are in ``bulk.cpp``.
+
+The side GEMM is described as for :func:`overlap.gemm.gemm` (``a``, ``b``, ``transa``,
+``transb``, ``alpha``, ``beta``, ``bias``, ``gelu``, FP8 ``out_scale``/``out_amax``,
+``fast_accum``, ``sm_count``); FP8 operands are per-tensor scaled, given as a
+:class:`~overlap.quantization.QuantizedTensor` (its rowwise data) or as an FP8 tensor with its
+``a_scale_inv`` / ``b_scale_inv`` (e.g. columnwise data for wgrad on Hopper).
+
+Stream contract: as :class:`~overlap.ops.AllGatherGemm` (the current stream of the op's
+device; lanes fork from it and join back; no host synchronisation on cuda; the host
+transport runs the op synchronously).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from overlap._native import native
+from overlap.errors import InvalidArgumentError, StateError
+from overlap.ops._operands import (
+    HIGH_PRECISION,
+    Operand,
+    check_given_buffer,
+    is_fp8,
+    op_device,
+    split_operand,
+    stream_of,
+)
+from overlap.quantization import DirectionFormat, QuantizedTensor
+
+if TYPE_CHECKING:
+    import torch
+
+    from overlap.comm import Communicator, SymmetricBuffer
+
+__all__ = ["AllGatherBesideGemm", "ReduceScatterBesideGemm", "side_gemm"]
+
+_AG = "bulk_all_gather"
+_RS = "bulk_reduce_scatter"
+
+
+def _gemm_operand(
+    op: str, name: str, x: object, scale_inv: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A side-GEMM operand as (2-D data, per-tensor scale_inv or None)."""
+    import torch
+
+    if isinstance(x, torch.Tensor) and is_fp8(x.dtype):
+        if scale_inv is None:
+            raise InvalidArgumentError(
+                f"{op}: the GEMM's {name} is an FP8 tensor without {name}_scale_inv; pass it "
+                "(or a QuantizedTensor)"
+            )
+        if x.dim() != 2:
+            raise InvalidArgumentError(
+                f"{op}: the GEMM's {name} must be 2-D, got shape {tuple(x.shape)}"
+            )
+        return x, scale_inv
+    if scale_inv is not None:
+        raise InvalidArgumentError(
+            f"{op}: {name}_scale_inv is only for a bare FP8 tensor {name} (a QuantizedTensor "
+            "carries its own)"
+        )
+    return split_operand(op, f"the GEMM's {name}", x)
+
+
+def side_gemm(
+    op: str,
+    a: Operand,
+    b: Operand,
+    device: torch.device,
+    *,
+    transa: bool = False,
+    transb: bool = False,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    bias: torch.Tensor | None = None,
+    gelu: bool = False,
+    a_scale_inv: torch.Tensor | None = None,
+    b_scale_inv: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
+    out_amax: torch.Tensor | None = None,
+    fast_accum: bool | None = None,
+    sm_count: int = 0,
+) -> dict[str, Any]:
+    """The side GEMM of a bulk op as the native call's ``gemm`` dict (``out`` allocated when
+    not given: ``[m, n]`` of ``out_dtype``, default the inputs' dtype, bfloat16 for FP8).
+    Also the reference's description of the same GEMM (:mod:`overlap.ops.reference`)."""
+    import torch
+
+    ad, asi = _gemm_operand(op, "a", a, a_scale_inv)
+    bd, bsi = _gemm_operand(op, "b", b, b_scale_inv)
+    for name, t in (("a", ad), ("b", bd)):
+        if t.device != device:
+            raise InvalidArgumentError(
+                f"{op}: the GEMM's {name} is on {t.device}, the op on {device}"
+            )
+    if is_fp8(ad.dtype) != is_fp8(bd.dtype) or (not is_fp8(ad.dtype) and ad.dtype != bd.dtype):
+        raise InvalidArgumentError(
+            f"{op}: the GEMM's a ({ad.dtype}) and b ({bd.dtype}) must both be FP8 or share one "
+            "dtype"
+        )
+    m = ad.shape[1] if transa else ad.shape[0]
+    n = bd.shape[0] if transb else bd.shape[1]
+    if out is None:
+        if beta != 0.0:
+            raise InvalidArgumentError(f"{op}: beta={beta} accumulates into out: pass out=")
+        if out_dtype is None:
+            out_dtype = torch.bfloat16 if is_fp8(ad.dtype) else ad.dtype
+        out = torch.empty((m, n), dtype=out_dtype, device=device)
+    elif tuple(out.shape) != (m, n) or (out_dtype is not None and out.dtype != out_dtype):
+        raise InvalidArgumentError(
+            f"{op}: the GEMM's out must be [{m}, {n}]"
+            + (f" of {out_dtype}" if out_dtype is not None else "")
+            + f", got {out.dtype}{list(out.shape)}"
+        )
+    return {
+        "a": ad,
+        "b": bd,
+        "out": out,
+        "transa": bool(transa),
+        "transb": bool(transb),
+        "a_scale_inv": asi,
+        "b_scale_inv": bsi,
+        "alpha": float(alpha),
+        "beta": float(beta),
+        "bias": bias,
+        "gelu": bool(gelu),
+        "out_scale": out_scale,
+        "out_amax": out_amax,
+        "fast_accum": is_fp8(ad.dtype) if fast_accum is None else bool(fast_accum),
+        "sm_count": int(sm_count),
+    }
+
+
+def _check_sizes(op: str, tp: int, max_tokens: int, features: int) -> None:
+    if max_tokens < tp or features < 1:
+        raise InvalidArgumentError(
+            f"{op}: max_tokens ({max_tokens}) must be >= the TP size ({tp}) and the feature "
+            f"count ({features}) >= 1"
+        )
+
+
+class AllGatherBesideGemm:
+    """Gather a sequence-parallel shard while an unrelated GEMM runs.
+
+    Args:
+        comm: the TP group's communicator (host or cuda transport).
+        max_tokens: the largest gathered row count ``M = tp * m`` a call may use.
+        in_features: ``K``, the shard's columns.
+        dtype: the dtype the shard travels in: bfloat16/float16/float32, or an FP8 dtype for
+            per-tensor FP8 shards (given as :class:`~overlap.quantization.QuantizedTensor`;
+            their scale_inv travels in the buffer with the data, DESIGN.md invariant 1).
+        name: the buffer's name (error messages).
+        buffer: optional symmetric buffer of ``comm`` to run on (at least
+            :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in :mod:`overlap.ops.ag_gemm`).
+
+    The buffer layout is :class:`~overlap.ops.AllGatherGemm`'s (NOTE [ag_gemm layout]), so the
+    same :meth:`buffer_bytes` and the same ``buffer.put_split`` tuning apply. Construction is
+    COLLECTIVE; :meth:`destroy` frees the buffer the object created (never a given one).
+    """
+
+    @staticmethod
+    def buffer_bytes(tp: int, max_tokens: int, in_features: int, dtype: torch.dtype) -> int:
+        """Bytes per rank of the buffer an op of these arguments needs."""
+        shard_bytes = -(-int(max_tokens) // tp) * int(in_features) * dtype.itemsize
+        _, nbytes = native().comm_ops.ag_gemm_layout(tp, shard_bytes, is_fp8(dtype))
+        return int(nbytes)
+
+    def __init__(
+        self,
+        comm: Communicator,
+        max_tokens: int,
+        in_features: int,
+        dtype: torch.dtype,
+        *,
+        name: str = "bulk_ag",
+        buffer: SymmetricBuffer | None = None,
+    ) -> None:
+        tp = comm.group.size
+        _check_sizes(_AG, tp, max_tokens, in_features)
+        if str(dtype) not in HIGH_PRECISION and not is_fp8(dtype):
+            raise InvalidArgumentError(
+                f"{_AG}: dtype must be bfloat16, float16, float32 or FP8, got {dtype}"
+            )
+        self.tp = tp
+        self.max_tokens = int(max_tokens)
+        self.in_features = int(in_features)
+        self.dtype = dtype
+        self.device = op_device(comm)
+        nbytes = self.buffer_bytes(tp, self.max_tokens, self.in_features, dtype)
+        self._owns_buffer = buffer is None
+        self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
+        check_given_buffer(_AG, self.buffer, tp, nbytes)
+        self._last: tuple[int, torch.dtype, DirectionFormat | None] | None = None
+
+    def __call__(
+        self,
+        x_shard: Operand,
+        a: Operand,
+        b: Operand,
+        **gemm: Any,
+    ) -> torch.Tensor:
+        """COLLECTIVE: gather ``x_shard`` into the buffer while ``gemm(a, b, **gemm)`` runs.
+
+        Args:
+            x_shard: this rank's ``[m, K]`` rows (contiguous) of the op's ``dtype``; FP8 as a
+                :class:`QuantizedTensor` with rowwise per-tensor data. Every rank passes the
+                same ``m`` (any count with ``tp * m <= max_tokens``).
+            a, b: the side GEMM's operands, ``op(a) [m', k']`` and ``op(b) [k', n']``: plain
+                tensors, per-tensor FP8 ``QuantizedTensor`` s, or FP8 tensors with
+                ``a_scale_inv`` / ``b_scale_inv``. They must not be views of this op's buffer.
+            **gemm: the GEMM's keywords, as :func:`overlap.gemm.gemm`: ``transa``,
+                ``transb``, ``out`` (``[m', n']``, contiguous), ``out_dtype``, ``alpha``,
+                ``beta``, ``bias``, ``gelu``, ``a_scale_inv``, ``b_scale_inv``,
+                ``out_scale`` / ``out_amax`` (FP8 out), ``fast_accum``, ``sm_count``.
+
+        Returns:
+            the GEMM's output ``[m', n']``. The gathered ``[tp * m, K]`` input stays in the
+            buffer until the next op on it: :meth:`gathered_input`.
+
+        Raises:
+            InvalidArgumentError / UnsupportedHardwareError: before any communication, with
+                the buffer left usable (including a GEMM that shares memory with the
+                all-gather).
+            CommTimeoutError: a peer did not take part in time (cuda: raised by the next op
+                or ``comm.synchronize()``).
+        """
+        data, scale_inv = split_operand(_AG, "x_shard", x_shard)
+        m, k = data.shape
+        if data.dtype != self.dtype or k != self.in_features or m * self.tp > self.max_tokens:
+            raise InvalidArgumentError(
+                f"{_AG}: x_shard {data.dtype}[{m}, {k}] does not fit this op: dtype "
+                f"{self.dtype}, K = {self.in_features}, tp * m <= {self.max_tokens} (tp = "
+                f"{self.tp})"
+            )
+        if not data.is_contiguous():
+            raise InvalidArgumentError(f"{_AG}: x_shard must be contiguous")
+        if data.device != self.device:
+            raise InvalidArgumentError(
+                f"{_AG}: x_shard is on {data.device}, the op on {self.device}"
+            )
+        g = side_gemm(_AG, a, b, self.device, **gemm)
+        native().comm_ops.all_gather_beside_gemm(
+            self.buffer._core,
+            data,
+            g,
+            shard_scale_inv=scale_inv,
+            stream=stream_of(self.device),
+        )
+        fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
+        self._last = (m, x_shard.dtype, fmt)
+        return g["out"]
+
+    def gathered_input(self) -> torch.Tensor | QuantizedTensor:
+        """The input gathered by the last call: ``[tp * m, K]``, a view of the buffer (FP8: a
+        :class:`QuantizedTensor` whose scale_inv is read from the buffer).
+
+        Valid until the next op on the buffer (DESIGN.md invariant 2: never save it for
+        backward). On cuda, read it on the stream of the call (or after it); the FP8 check
+        that every rank's scale_inv is the same reads the scales on the host.
+
+        Raises:
+            StateError: before the first call, or FP8 shards whose scale_invs differ (quantize
+                with an amax reduced over the TP group, DESIGN.md invariant 3;
+                :meth:`gathered_scale_invs` has them).
+        """
+        if self._last is None:
+            raise StateError(f"{_AG}: gathered_input() before the first call")
+        m, hp_dtype, fmt = self._last
+        rows = self.tp * m
+        data = self.buffer.view(self.dtype, (rows, self.in_features))
+        if fmt is None:
+            return data
+        scales = self.gathered_scale_invs()
+        if not bool((scales == scales[0]).all()):
+            raise StateError(
+                f"{_AG}: the ranks' shards have different scale_inv values "
+                f"({scales.tolist()}); a gathered per-tensor FP8 tensor needs one (quantize with "
+                "an amax reduced over the TP group, DESIGN.md invariant 3)"
+            )
+        return QuantizedTensor(
+            shape=(rows, self.in_features),
+            dtype=hp_dtype,
+            rowwise_format=fmt,
+            columnwise_format=DirectionFormat(),
+            rowwise_data=data,
+            rowwise_scale_inv=scales[:1],
+        )
+
+    def gathered_scale_invs(self) -> torch.Tensor:
+        """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""
+        import torch
+
+        if self._last is None or self._last[2] is None:
+            raise StateError(f"{_AG}: no FP8 call yet")
+        shard_bytes = self._last[0] * self.in_features * self.dtype.itemsize
+        scale_offset, _ = native().comm_ops.ag_gemm_layout(self.tp, shard_bytes, True)
+        # One 16-byte slot per rank (NOTE [ag_gemm layout]): the scale_inv is its first float.
+        return self.buffer.view(torch.float32, (self.tp, 4), offset=int(scale_offset))[:, 0]
+
+    def destroy(self) -> None:
+        """Free the buffer if the op created it. Idempotent; not collective."""
+        if self._owns_buffer:
+            self.buffer.destroy()
+
+
+class ReduceScatterBesideGemm:
+    """Reduce-scatter partial sums while an unrelated GEMM runs.
+
+    Args:
+        comm: the TP group's communicator (host or cuda transport).
+        max_tokens: the largest ``M`` (rows of the partial sums) a call may use.
+        features: ``N``, the partial sums' columns.
+        dtype: the partial sums' dtype (bfloat16/float16/float32); the output is this dtype or
+            FP8 (chosen per call).
+        reduce_max_blocks: bound on the reduction kernel's grid on cuda (256-thread blocks, 4
+            per SM: the default 64 keeps 16 SMs; 0 fills the GPU).
+        gemm_sm_margin: SMs the side GEMM leaves free for the reduction when the call gives no
+            ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU).
+        name: the buffer's name (error messages).
+        buffer: optional symmetric buffer of ``comm`` to run on (at least
+            :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in :mod:`overlap.ops.ag_gemm`).
+
+    Construction is COLLECTIVE; :meth:`destroy` frees the buffer the object created.
+    """
+
+    @staticmethod
+    def buffer_bytes(tp: int, max_tokens: int, features: int, dtype: torch.dtype) -> int:
+        """Bytes per rank of the buffer an op of these arguments needs (NOTE [bulk_rs
+        layout])."""
+        partial_bytes = (int(max_tokens) // tp) * int(features) * dtype.itemsize
+        _, nbytes = native().comm_ops.bulk_rs_layout(tp, partial_bytes)
+        return int(nbytes)
+
+    def __init__(
+        self,
+        comm: Communicator,
+        max_tokens: int,
+        features: int,
+        dtype: torch.dtype,
+        *,
+        reduce_max_blocks: int = 64,
+        gemm_sm_margin: int = 16,
+        name: str = "bulk_rs",
+        buffer: SymmetricBuffer | None = None,
+    ) -> None:
+        tp = comm.group.size
+        _check_sizes(_RS, tp, max_tokens, features)
+        if str(dtype) not in HIGH_PRECISION:
+            raise InvalidArgumentError(
+                f"{_RS}: dtype (of the partial sums) must be bfloat16, float16 or float32, got "
+                f"{dtype}"
+            )
+        if reduce_max_blocks < 0 or gemm_sm_margin < 0:
+            raise InvalidArgumentError(
+                f"{_RS}: reduce_max_blocks ({reduce_max_blocks}) and gemm_sm_margin "
+                f"({gemm_sm_margin}) must be >= 0"
+            )
+        self.tp = tp
+        self.max_tokens = int(max_tokens)
+        self.features = int(features)
+        self.dtype = dtype
+        self.reduce_max_blocks = int(reduce_max_blocks)
+        self.gemm_sm_margin = int(gemm_sm_margin)
+        self.device = op_device(comm)
+        nbytes = self.buffer_bytes(tp, self.max_tokens, self.features, dtype)
+        self._owns_buffer = buffer is None
+        self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
+        check_given_buffer(_RS, self.buffer, tp, nbytes)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        a: Operand,
+        b: Operand,
+        *,
+        out: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+        out_scale: torch.Tensor | None = None,
+        out_amax: torch.Tensor | None = None,
+        out_scale_inv: torch.Tensor | None = None,
+        gemm_out: torch.Tensor | None = None,
+        gemm_out_dtype: torch.dtype | None = None,
+        gemm_out_scale: torch.Tensor | None = None,
+        gemm_out_amax: torch.Tensor | None = None,
+        **gemm: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """COLLECTIVE: this rank's rows of ``sum over ranks (x)`` while ``gemm(a, b)`` runs.
+
+        Args:
+            x: the partial sums ``[M, N]`` (contiguous) of the op's ``dtype``; ``M`` a
+                multiple of the TP size and ``<= max_tokens``, the same on every rank. Rank
+                ``r`` receives rows ``[r M/tp, (r + 1) M/tp)``, summed in rank order with fp32
+                accumulation.
+            a, b: the side GEMM's operands (as :meth:`AllGatherBesideGemm.__call__`).
+            out: optional contiguous ``[M / tp, N]`` output, not overlapping ``x``.
+            out_dtype: the output's dtype: the op's ``dtype`` (default) or FP8.
+            out_scale: FP8 outputs only, required: float32 ``[1]``; ``out = fp8(sum * scale)``.
+            out_amax: FP8 outputs only, optional float32 ``[1]``: receives ``max |sum|``.
+            out_scale_inv: FP8 outputs only, optional float32 ``[1]``: receives ``1 / scale``.
+            gemm_out, gemm_out_dtype, gemm_out_scale, gemm_out_amax: the GEMM's ``out``,
+                ``out_dtype``, ``out_scale``, ``out_amax`` (:func:`overlap.gemm.gemm`).
+            **gemm: the GEMM's other keywords: ``transa``, ``transb``, ``alpha``, ``beta``,
+                ``bias``, ``gelu``, ``a_scale_inv``, ``b_scale_inv``, ``fast_accum``,
+                ``sm_count`` (default: the device's SMs minus ``gemm_sm_margin``).
+
+        Returns:
+            ``(out [M / tp, N], gemm_out)``.
+
+        Raises:
+            InvalidArgumentError / UnsupportedHardwareError: before any communication, with
+                the buffer left usable.
+            CommTimeoutError: a peer did not take part in time.
+        """
+        import torch
+
+        if not isinstance(x, torch.Tensor) or str(x.dtype) != str(self.dtype) or x.dim() != 2:
+            raise InvalidArgumentError(
+                f"{_RS}: x must be a 2-D {self.dtype} tensor (the partial sums), got "
+                f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', []))}"
+            )
+        rows, cols = x.shape
+        if rows % self.tp or rows == 0 or rows > self.max_tokens or cols != self.features:
+            raise InvalidArgumentError(
+                f"{_RS}: x [{rows}, {cols}] does not fit this op: rows a positive multiple of "
+                f"the TP size {self.tp} and <= max_tokens ({self.max_tokens}) (pad the tokens), "
+                f"{self.features} columns"
+            )
+        if not x.is_contiguous() or x.device != self.device:
+            raise InvalidArgumentError(
+                f"{_RS}: x must be contiguous and on {self.device}, got {x.device}"
+            )
+        out_dtype = out_dtype or (out.dtype if out is not None else self.dtype)
+        if out_dtype != self.dtype and not is_fp8(out_dtype):
+            raise InvalidArgumentError(
+                f"{_RS}: out_dtype must be {self.dtype} or FP8, got {out_dtype}"
+            )
+        if is_fp8(out_dtype) and out_scale is None:
+            raise InvalidArgumentError(f"{_RS}: an FP8 output needs out_scale")
+        shape = (rows // self.tp, cols)
+        if out is None:
+            out = torch.empty(shape, dtype=out_dtype, device=self.device)
+        elif tuple(out.shape) != shape or out.dtype != out_dtype:
+            raise InvalidArgumentError(
+                f"{_RS}: out must be {out_dtype}[{shape[0]}, {shape[1]}], got "
+                f"{out.dtype}{list(out.shape)}"
+            )
+        g = side_gemm(
+            _RS,
+            a,
+            b,
+            self.device,
+            out=gemm_out,
+            out_dtype=gemm_out_dtype,
+            out_scale=gemm_out_scale,
+            out_amax=gemm_out_amax,
+            **gemm,
+        )
+        native().comm_ops.reduce_scatter_beside_gemm(
+            self.buffer._core,
+            x,
+            out,
+            g,
+            out_scale=out_scale,
+            out_scale_inv=out_scale_inv,
+            out_amax=out_amax,
+            reduce_max_blocks=self.reduce_max_blocks,
+            gemm_sm_margin=self.gemm_sm_margin,
+            stream=stream_of(self.device),
+        )
+        return out, g["out"]
+
+    def destroy(self) -> None:
+        """Free the buffer if the op created it. Idempotent; not collective."""
+        if self._owns_buffer:
+            self.buffer.destroy()
