@@ -11,8 +11,9 @@ Shapes, with ``T`` the global token count (sequence x micro-batch), ``H`` the hi
 
 * an AG+GEMM (``RING_AG``) gathers a ``[T / tp, H]`` shard into ``[T, H]``: qkv/fc1 fprop
   (the layer-norm output) and proj/fc2 dgrad (the output gradient);
-* a GEMM+RS (``PIPELINE_RS``) reduce-scatters ``[T, H]`` partial sums into ``[T / tp, H]``:
-  proj/fc2 fprop (and qkv/fc1 dgrad when chosen instead of the bulk pair below);
+* a GEMM+RS (``PIPELINE_RS``, or ``RING_RS`` for the ring-exchange method) reduce-scatters
+  ``[T, H]`` partial sums into ``[T / tp, H]``: proj/fc2 fprop (and qkv/fc1 dgrad when
+  chosen instead of the bulk pair below);
 * a bulk all-gather (``BULK_AG``, :class:`~overlap.ops.AllGatherBesideGemm`) gathers a
   ``[T / tp, H]`` shard beside the GEMM of its name: by default qkv/fc1 dgrad, which gathers
   the layer input (the layer-norm output) that wgrad needs while dgrad runs;
@@ -26,9 +27,10 @@ are not part of the configuration.
 
 NOTE [ub buffer sharing]: the ops of one kind (all AG+GEMMs, all GEMM+RSs) of a layer run one
 after another, never concurrently, so they share one buffer per (kind, buffer dtype,
-put_split): every AG+GEMM of a bf16 layer runs on one buffer, every GEMM+RS on another. A
-gathered input (``AllGatherGemm.gathered_input``) is therefore only defined until the next op
-of any GEMM name of that kind; never save it for backward (DESIGN.md invariant 2).
+put_split): every AG+GEMM of a bf16 layer runs on one buffer, every GEMM+RS (pipelined or
+ring, sized for the larger need) on another. A gathered input
+(``AllGatherGemm.gathered_input``) is therefore only defined until the next op of any GEMM
+name of that kind; never save it for backward (DESIGN.md invariant 2).
 
 NOTE [ub bulk]: the backward of qkv/fc1 (column-parallel, sequence-parallel input) defaults to
 TransformerEngine's and Megatron-LM's bulk pair: ``{layer}_dgrad`` is ``BULK_AG`` (gather the
@@ -106,6 +108,7 @@ class OverlapMethod(enum.Enum):
 
     RING_AG = "ring_ag"  # AllGatherGemm: gather the input while the GEMM consumes it
     PIPELINE_RS = "pipeline_rs"  # GemmReduceScatter: reduce-scatter while the GEMM computes
+    RING_RS = "ring_rs"  # GemmReduceScatter(method="ring"): running sums travel the ring
     BULK_AG = "bulk_ag"  # AllGatherBesideGemm: gather a shard beside the GEMM (NOTE [ub bulk])
     BULK_RS = "bulk_rs"  # ReduceScatterBesideGemm: reduce-scatter beside the GEMM
     NONE = "none"  # not overlapped
@@ -147,12 +150,12 @@ def default_method(name: str) -> OverlapMethod:
 
 def _default_in(name: str, given: Mapping[str, GemmOverlapConfig]) -> OverlapMethod:
     """:func:`default_method`, except that qkv/fc1 wgrad is ``NONE`` when the same layer's
-    dgrad is given as ``PIPELINE_RS`` (its partial sums are then already reduce-scattered;
-    NOTE [ub bulk])."""
+    dgrad is given as ``PIPELINE_RS`` or ``RING_RS`` (its partial sums are then already
+    reduce-scattered; NOTE [ub bulk])."""
     method = default_method(name)
     layer, pass_ = name.split("_")
     dgrad = given.get(f"{layer}_dgrad")
-    if pass_ == "wgrad" and dgrad is not None and dgrad.method is OverlapMethod.PIPELINE_RS:
+    if pass_ == "wgrad" and dgrad is not None and dgrad.method in _GEMM_RS:
         return OverlapMethod.NONE
     return method
 
@@ -165,7 +168,13 @@ def _check_name(name: object) -> None:
 def _allowed(name: str) -> list[OverlapMethod]:
     direction = _direction(name)
     bulk = [OverlapMethod.BULK_AG, OverlapMethod.BULK_RS, OverlapMethod.NONE]
+    if direction is OverlapMethod.PIPELINE_RS:  # either GEMM+RS method
+        return [direction, OverlapMethod.RING_RS, *bulk]
     return bulk if direction is None else [direction, *bulk]
+
+
+# The GEMM+RS methods: one GemmReduceScatter each, sharing one buffer (NOTE [ub buffer sharing]).
+_GEMM_RS = (OverlapMethod.PIPELINE_RS, OverlapMethod.RING_RS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,16 +185,20 @@ class GemmOverlapConfig:
         method: the overlap method (``None``: the GEMM name's default, filled in by
             :class:`UbConfig`).
         compute_lanes: streams the chunk GEMMs alternate over, 1..4 (default: 2 for
-            ``RING_AG``, 1 for ``PIPELINE_RS``, the ops' defaults; bulk ops have none).
+            ``RING_AG``, 1 for ``PIPELINE_RS`` / ``RING_RS``, the ops' defaults; bulk ops have
+            none).
         put_split: copies carrying one shard to one peer, 1..8 (``RING_AG``, ``BULK_AG`` and
             ``BULK_RS``; a property of the shared buffer, so names with different values get
             different buffers).
         staggered_puts: push the shard to one peer after the other (``RING_AG`` only).
         reduce_max_blocks: bound on the reduction kernel's grid, 0 = fill the GPU
             (``PIPELINE_RS`` and ``BULK_RS``; ``None``: the op's default, 0 for
-            ``PIPELINE_RS`` and 64 blocks, 16 SMs, for ``BULK_RS``, which runs beside a GEMM).
+            ``PIPELINE_RS`` and 64 blocks, 16 SMs, for ``BULK_RS``, which runs beside a GEMM;
+            ``RING_RS``: its FP8 output cast, default 0).
         gemm_sm_margin: ``BULK_RS`` only: SMs the side GEMM leaves to the reduction when the
             call gives no ``sm_count`` (``None``: the op's default, 16).
+        ring_subchunks: sub-chunks each ring hop is pipelined in, 1..4 (``RING_RS`` only;
+            NOTE [gemm_rs_ring schedule]).
         fp8: the GEMM's input travels in FP8 (``RING_AG`` / ``BULK_AG``: the buffer holds FP8
             shards and their scale_inv; ``PIPELINE_RS`` / ``BULK_RS``: the partial sums still
             travel in the layer's dtype, so the buffer is the same).
@@ -198,6 +211,7 @@ class GemmOverlapConfig:
     reduce_max_blocks: int | None = None
     fp8: bool = False
     gemm_sm_margin: int | None = None
+    ring_subchunks: int = 2
 
     def __post_init__(self) -> None:
         if self.method is not None and not isinstance(self.method, OverlapMethod):
@@ -214,6 +228,7 @@ class GemmOverlapConfig:
             "GemmOverlapConfig.reduce_max_blocks", self.reduce_max_blocks, 0, None, optional=True
         )
         _check_int("GemmOverlapConfig.gemm_sm_margin", self.gemm_sm_margin, 0, None, optional=True)
+        _check_int("GemmOverlapConfig.ring_subchunks", self.ring_subchunks, 1, 4)
         for field in ("staggered_puts", "fp8"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(
@@ -225,7 +240,7 @@ class GemmOverlapConfig:
         """``compute_lanes`` with the op's default filled in."""
         if self.compute_lanes is not None:
             return self.compute_lanes
-        return 1 if self.method is OverlapMethod.PIPELINE_RS else 2
+        return 1 if self.method in _GEMM_RS else 2
 
     @property
     def max_blocks(self) -> int:
@@ -329,9 +344,9 @@ class UbConfig:
         Mapping of the values' keys:
 
         * ``method``: ``"ring_exchange"`` -> ``RING_AG`` on an all-gather GEMM name, and
-          ``PIPELINE_RS`` (with a warning: overlap's one GEMM+RS) on a reduce-scatter one;
-          ``"pipeline"`` -> ``PIPELINE_RS`` (reduce-scatter names only); ``"bulk"`` ->
-          ``BULK_AG`` on fprop/dgrad, ``BULK_RS`` on wgrad (NOTE [ub bulk]).
+          ``RING_RS`` on a reduce-scatter one; ``"pipeline"`` -> ``PIPELINE_RS``
+          (reduce-scatter names only); ``"bulk"`` -> ``BULK_AG`` on fprop/dgrad, ``BULK_RS``
+          on wgrad (NOTE [ub bulk]).
         * ``fp8_buf`` -> ``fp8``.
         * ``atomic_gemm``: only ``False`` (overlap has no atomic GEMM).
         * ``num_sm``, ``cga_size``, ``set_sm_margin``, ``num_splits``, ``use_ce``,
@@ -411,10 +426,7 @@ def _te_method(name: str, method: object) -> OverlapMethod | None:
                 f"{name} all-gathers; allowed: ['ring_exchange', 'bulk']"
             )
         if method == "ring_exchange" and direction is OverlapMethod.PIPELINE_RS:
-            _warn(
-                f"ub_cfgs[{name!r}]: 'ring_exchange' reduce-scatter maps to overlap's "
-                "pipelined GEMM+RS (PIPELINE_RS)"
-            )
+            return OverlapMethod.RING_RS
         return direction
     allowed = ["bulk"] if direction is None else ["ring_exchange", "pipeline", "bulk"]
     raise ConfigError(f"ub_cfgs[{name!r}].method: {method!r} is not one of {allowed}")
@@ -475,14 +487,15 @@ class Userbuffers:
                 continue
             ag = cfg.method in (OverlapMethod.RING_AG, OverlapMethod.BULK_AG)
             buf_dtype = fp8_dtype if (ag and cfg.fp8) else dtype
-            split = 1 if cfg.method is OverlapMethod.PIPELINE_RS else cfg.put_split
-            key = (cfg.method, str(buf_dtype).removeprefix("torch."), split)
+            gemm_rs = cfg.method in _GEMM_RS
+            split = 1 if gemm_rs else cfg.put_split
+            kind = OverlapMethod.PIPELINE_RS if gemm_rs else cfg.method  # one GEMM+RS buffer
+            key = (kind, str(buf_dtype).removeprefix("torch."), split)
             groups.setdefault(key, []).append(name)  # type: ignore[arg-type]
         try:
             for (kind, dtype_name, split), names in groups.items():
                 buf_dtype = getattr(torch, dtype_name)
-                op_cls = _op_class(kind)
-                nbytes = op_cls.buffer_bytes(self.tp, config.tokens, config.hidden, buf_dtype)
+                nbytes = max(self._buffer_bytes(name, buf_dtype) for name in names)
                 buffer = comm.create_buffer(nbytes, f"ub_{kind.value}_{dtype_name}_{split}")
                 if kind is not OverlapMethod.PIPELINE_RS:
                     buffer.put_split = split
@@ -493,6 +506,15 @@ class Userbuffers:
             comm.destroy()
             raise
         self._destroyed = False
+
+    def _buffer_bytes(self, name: str, buf_dtype: torch.dtype) -> int:
+        """Bytes the op of ``name`` needs of its buffer (a GEMM+RS buffer is sized for the
+        larger of its methods' needs, NOTE [gemm_rs_ring layout])."""
+        method = self.config.gemms[name].method
+        args = (self.tp, self.config.tokens, self.config.hidden, buf_dtype)
+        if method is OverlapMethod.RING_RS:
+            return _op_class(method).buffer_bytes(*args, method="ring")  # type: ignore[call-arg]
+        return _op_class(method).buffer_bytes(*args)  # type: ignore[arg-type]
 
     def _make_op(self, name: str, buffer: SymmetricBuffer, buf_dtype: torch.dtype) -> UbOp:
         cfg = self.config.gemms[name]
@@ -506,11 +528,13 @@ class Userbuffers:
                 name=name,
                 buffer=buffer,
             )
-        if cfg.method is OverlapMethod.PIPELINE_RS:
+        if cfg.method in _GEMM_RS:
             return op_cls(
                 *args,
                 compute_lanes=cfg.lanes,
                 reduce_max_blocks=cfg.max_blocks,
+                method="ring" if cfg.method is OverlapMethod.RING_RS else "pipelined",
+                ring_subchunks=cfg.ring_subchunks,
                 name=name,
                 buffer=buffer,
             )
@@ -541,7 +565,7 @@ class Userbuffers:
     def get(self, name: str) -> UbOp:
         """The op object of GEMM ``name`` (``"qkv_fprop"``...): an
         :class:`~overlap.ops.AllGatherGemm` (``RING_AG``), a
-        :class:`~overlap.ops.GemmReduceScatter` (``PIPELINE_RS``), an
+        :class:`~overlap.ops.GemmReduceScatter` (``PIPELINE_RS``, ``RING_RS``), an
         :class:`~overlap.ops.AllGatherBesideGemm` (``BULK_AG``) or a
         :class:`~overlap.ops.ReduceScatterBesideGemm` (``BULK_RS``).
 
@@ -611,6 +635,7 @@ def _op_class(method: OverlapMethod) -> type[UbOp]:
     return {
         OverlapMethod.RING_AG: AllGatherGemm,
         OverlapMethod.PIPELINE_RS: GemmReduceScatter,
+        OverlapMethod.RING_RS: GemmReduceScatter,
         OverlapMethod.BULK_AG: AllGatherBesideGemm,
         OverlapMethod.BULK_RS: ReduceScatterBesideGemm,
     }[method]

@@ -124,6 +124,14 @@ void register_comm_ops(py::module_& m) {
       py::arg("size"), py::arg("partial_bytes"),
       "(slot_bytes, recv_offset, bytes) of NOTE [gemm_rs layout].");
   c.def(
+      "gemm_rs_ring_layout",
+      [](int size, std::size_t partial_bytes) {
+        const comm::GemmRsLayout l = comm::gemm_rs_ring_layout(size, partial_bytes);
+        return py::make_tuple(l.slot_bytes, l.recv_offset, l.bytes);
+      },
+      py::arg("size"), py::arg("partial_bytes"),
+      "(slot_bytes, recv_offset, bytes) of NOTE [gemm_rs_ring layout].");
+  c.def(
       "ag_gemm",
       [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,
          py::handle a_scale_inv, py::handle b_scale_inv, py::handle bias, bool gelu, float alpha,
@@ -162,8 +170,11 @@ void register_comm_ops(py::module_& m) {
       [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,
          py::handle a_scale_inv, py::handle b_scale_inv, py::handle out_scale, py::handle out_amax,
          py::handle out_scale_inv, float alpha, bool fast_accum, int sm_count, int compute_lanes,
-         int reduce_max_blocks, std::uintptr_t stream) {
+         int reduce_max_blocks, const std::string& method, int ring_subchunks,
+         std::uintptr_t stream) {
         constexpr const char* kOp = "gemm_rs";
+        OVERLAP_CHECK(method == "pipelined" || method == "ring", kConfig,
+                      kOp << ": method must be 'pipelined' or 'ring', got '" << method << "'");
         const auto [ao, bo] = operands(buf, a, a_scale_inv, b, b_scale_inv, transb, kOp);
         const TensorRef outr = tensor_ref_from_py(out, "output");
         gemm::GemmOutput d = output(buf, outr, kOp);
@@ -176,17 +187,19 @@ void register_comm_ops(py::module_& m) {
         o.alpha = alpha;
         o.fast_accum = fast_accum;
         o.sm_count = sm_count;
+        comm::OverlapConfig c = config(compute_lanes, reduce_max_blocks, false);
+        c.ring_subchunks = ring_subchunks;
         py::gil_scoped_release release;
-        comm::gemm_rs(buf, ao, bo, d, scale_inv, o, config(compute_lanes, reduce_max_blocks, false),
-                      stream_from_py(stream));
+        (method == "ring" ? comm::gemm_rs_ring : comm::gemm_rs)(buf, ao, bo, d, scale_inv, o, c,
+                                                                stream_from_py(stream));
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
       py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv") = py::none(),
       py::arg("out_scale") = py::none(), py::arg("out_amax") = py::none(),
       py::arg("out_scale_inv") = py::none(), py::arg("alpha") = 1.0f, py::arg("fast_accum") = false,
       py::arg("sm_count") = 0, py::arg("compute_lanes") = 1, py::arg("reduce_max_blocks") = 0,
-      py::arg("stream") = 0,
-      "out = ReduceScatter(a @ op(b)); see csrc/comm/overlap/overlap_ops.h.");
+      py::arg("method") = "pipelined", py::arg("ring_subchunks") = 2, py::arg("stream") = 0,
+      "out = ReduceScatter(a @ op(b)), pipelined or ring; see csrc/comm/overlap/overlap_ops.h.");
 }
 
 // ---- bulk overlap ops (comm/overlap/bulk.cpp) ------------------------------------------------

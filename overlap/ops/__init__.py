@@ -1,7 +1,8 @@
 """Comm-GEMM overlap ops: tensor-parallel communication hidden behind the GEMM.
 
 * :class:`AllGatherGemm`: ``Y = AllGather(x_shard) @ W.T`` (sequence-parallel input).
-* :class:`GemmReduceScatter`: ``Y_shard = ReduceScatter(x @ W_shard.T)``.
+* :class:`GemmReduceScatter`: ``Y_shard = ReduceScatter(x @ W_shard.T)``, pipelined or as a
+  ring (:class:`RsMethod`).
 * :class:`AllGatherBesideGemm` / :class:`ReduceScatterBesideGemm`: bulk overlap, one
   collective of one tensor beside an unrelated GEMM (:mod:`overlap.ops.bulk`).
 * :mod:`overlap.ops.reference`: the same results from a plain collective and a plain GEMM.
@@ -13,7 +14,7 @@ are COLLECTIVE over the TP group and follow the stream contract of
 
 from overlap.ops.ag_gemm import AllGatherGemm
 from overlap.ops.bulk import AllGatherBesideGemm, ReduceScatterBesideGemm
-from overlap.ops.gemm_rs import GemmReduceScatter, partial_dtype
+from overlap.ops.gemm_rs import GemmReduceScatter, RsMethod, partial_dtype
 from overlap.ops.reference import (
     all_gather_beside_gemm_reference,
     all_gather_gemm_reference,
@@ -28,6 +29,7 @@ __all__ = [
     "AllGatherGemm",
     "GemmReduceScatter",
     "ReduceScatterBesideGemm",
+    "RsMethod",
     "all_gather_beside_gemm_reference",
     "all_gather_gemm_reference",
     "all_gather_rows",

@@ -2,11 +2,21 @@
 
 ``Y_shard[M / tp, N] = ReduceScatter(x[M, K_shard] @ weight_shard[N, K_shard].T)`` over a TP
 group of size ``tp``: rank ``r`` keeps rows ``[r M/tp, (r + 1) M/tp)`` of the sum over ranks.
-Each rank computes its partial sums chunk by chunk (the rows destined to rank ``r+1`` first,
-its own last), straight into its symmetric buffer, and signals each chunk to its rank, whose
-copy engines pull it while the next chunk is computed; each rank then sums its chunk of all
-ranks in rank order with fp32 accumulation (the same result on every rank, whichever rank
-computed it). NOTE [gemm_rs schedule] in ``csrc/comm/overlap/gemm_rs.cpp`` has the timeline.
+Two methods (:class:`RsMethod`), the same result up to rounding:
+
+* ``"pipelined"`` (the default): each rank computes its partial sums chunk by chunk (the rows
+  destined to rank ``r+1`` first, its own last), straight into its symmetric buffer, and
+  signals each chunk to its rank, whose copy engines pull it while the next chunk is computed;
+  each rank then sums its chunk of all ranks in rank order with fp32 accumulation (the same
+  result on every rank, whichever rank computed it). NOTE [gemm_rs schedule] in
+  ``csrc/comm/overlap/gemm_rs.cpp`` has the timeline.
+* ``"ring"``: each chunk's running sum travels the ring (rank ``c+1`` to ``c+2`` ... to its
+  owner ``c``); every rank adds its partial with the GEMM's own ``beta = 1`` epilogue (fp32
+  inside the GEMM) and pushes the sum on by copy engine, in sub-chunks so that the transfers
+  hide behind the GEMMs. No reduction kernel (FP8 outputs: one cast of the final chunk). The
+  running sum is rounded to the partial dtype at every hop, so results differ from the
+  pipelined method's in the last bits (NOTE [gemm_rs_ring numerics] in
+  ``csrc/comm/overlap/gemm_rs_ring.cpp``, which also has the timeline).
 
 Stream contract: as :class:`~overlap.ops.AllGatherGemm` (the current stream of the input's
 device; no host synchronisation on cuda; synchronous on the host transport).
@@ -14,6 +24,7 @@ device; no host synchronisation on cuda; synchronous on the host transport).
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 from overlap._native import native
@@ -34,9 +45,28 @@ if TYPE_CHECKING:
 
     from overlap.comm import Communicator, SymmetricBuffer
 
-__all__ = ["GemmReduceScatter", "partial_dtype"]
+__all__ = ["GemmReduceScatter", "RsMethod", "partial_dtype"]
 
 _OP = "gemm_rs"
+
+MAX_RING_SUBCHUNKS = 4  # kMaxRingSubchunks in csrc/comm/overlap/overlap_ops.h
+
+
+class RsMethod(str, enum.Enum):
+    """How :class:`GemmReduceScatter` moves and sums the partial sums."""
+
+    PIPELINED = "pipelined"  # chunks pulled by their rank, summed by one reduction kernel
+    RING = "ring"  # running sums travel the ring, summed by the GEMMs' beta = 1 epilogue
+
+
+def rs_method(value: RsMethod | str) -> RsMethod:
+    """``value`` as an :class:`RsMethod` (its value string is accepted)."""
+    try:
+        return RsMethod(value)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{_OP}: method must be one of {[m.value for m in RsMethod]}, got {value!r}"
+        ) from None
 
 
 def partial_dtype(out_dtype: torch.dtype) -> torch.dtype:
@@ -57,7 +87,12 @@ class GemmReduceScatter:
             given at the call; partial sums travel in bfloat16).
         compute_lanes: streams the chunk GEMMs alternate over (1-4; 1 finishes each chunk,
             and thus each transfer, earliest).
-        reduce_max_blocks: bound on the reduction kernel's grid (0: fill the GPU).
+        reduce_max_blocks: bound on the reduction kernel's grid (0: fill the GPU; the ring
+            method's FP8 cast only).
+        method: ``"pipelined"`` (default) or ``"ring"`` (:class:`RsMethod`).
+        ring_subchunks: ``"ring"`` only: sub-chunks each hop is pipelined in, 1..4 (NOTE
+            [gemm_rs_ring schedule]; 2: a chunk's transfer hides behind a GEMM as long as
+            it is no slower than that GEMM).
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
             least :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in
@@ -68,12 +103,23 @@ class GemmReduceScatter:
     """
 
     @staticmethod
-    def buffer_bytes(tp: int, max_tokens: int, out_features: int, out_dtype: torch.dtype) -> int:
-        """Bytes per rank of the buffer an op of these arguments needs."""
+    def buffer_bytes(
+        tp: int,
+        max_tokens: int,
+        out_features: int,
+        out_dtype: torch.dtype,
+        method: RsMethod | str = RsMethod.PIPELINED,
+    ) -> int:
+        """Bytes per rank of the buffer an op of these arguments needs (the ring method needs
+        half of what the pipelined one does)."""
 
         itemsize = partial_dtype(out_dtype).itemsize
         partial_bytes = (int(max_tokens) // tp) * int(out_features) * itemsize
-        _, _, nbytes = native().comm_ops.gemm_rs_layout(tp, partial_bytes)
+        ops = native().comm_ops
+        layout = (
+            ops.gemm_rs_ring_layout if rs_method(method) is RsMethod.RING else ops.gemm_rs_layout
+        )
+        _, _, nbytes = layout(tp, partial_bytes)
         return int(nbytes)
 
     def __init__(
@@ -85,11 +131,21 @@ class GemmReduceScatter:
         *,
         compute_lanes: int = 1,
         reduce_max_blocks: int = 0,
+        method: RsMethod | str = RsMethod.PIPELINED,
+        ring_subchunks: int = 2,
         name: str = "gemm_rs",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
         tp = comm.group.size
         check_sizes(_OP, tp, max_tokens, ("out_features", out_features), compute_lanes)
+        self.method = rs_method(method)
+        if isinstance(ring_subchunks, bool) or ring_subchunks not in range(
+            1, MAX_RING_SUBCHUNKS + 1
+        ):
+            raise InvalidArgumentError(
+                f"{_OP}: ring_subchunks must be 1..{MAX_RING_SUBCHUNKS}, got {ring_subchunks!r}"
+            )
+        self.ring_subchunks = int(ring_subchunks)
         if str(out_dtype) not in HIGH_PRECISION and not is_fp8(out_dtype):
             raise InvalidArgumentError(
                 f"{_OP}: out_dtype must be bfloat16, float16, float32 or FP8, got {out_dtype}"
@@ -101,7 +157,7 @@ class GemmReduceScatter:
         self.compute_lanes = int(compute_lanes)
         self.reduce_max_blocks = int(reduce_max_blocks)
         self.device = op_device(comm)
-        nbytes = self.buffer_bytes(tp, self.max_tokens, self.out_features, out_dtype)
+        nbytes = self.buffer_bytes(tp, self.max_tokens, self.out_features, out_dtype, self.method)
         self._owns_buffer = buffer is None
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_OP, self.buffer, tp, nbytes)
@@ -120,6 +176,9 @@ class GemmReduceScatter:
         sm_count: int = 0,
     ) -> torch.Tensor:
         """COLLECTIVE: this rank's rows of ``sum over ranks (alpha * x @ weight.T)``.
+
+        Every rank must use the same method (and ``ring_subchunks``) on a buffer: a mismatch is
+        reported as a collective mismatch (``StateError``) where the op records catch it.
 
         Args:
             x: ``[M, K_shard]`` (unit column stride), bfloat16/float16/float32 or a per-tensor
@@ -175,6 +234,8 @@ class GemmReduceScatter:
             out_amax=out_amax,
             out_scale_inv=out_scale_inv,
             reduce_max_blocks=self.reduce_max_blocks,
+            method=self.method.value,
+            ring_subchunks=self.ring_subchunks,
             **gemm_kwargs(
                 a,
                 (a_scale_inv, b_scale_inv),

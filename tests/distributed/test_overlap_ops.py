@@ -25,16 +25,17 @@ def test_host_overlap_ops(scenario: str, nprocs: int, tp: int) -> None:
 
 
 @pytest.mark.mpi
-def test_host_overlap_op_absent_rank_times_out() -> None:
-    run_workers("overlap_ops_worker.py", 2, ["timeout", "2", "host"])
+@pytest.mark.parametrize("scenario", ["timeout", "timeout_ring"], ids=lambda s: s)
+def test_host_overlap_op_absent_rank_times_out(scenario: str) -> None:
+    run_workers("overlap_ops_worker.py", 2, [scenario, "2", "host"])
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("scenario", [*SCENARIOS, "timeout"], ids=lambda s: s)
+@pytest.mark.parametrize("scenario", [*SCENARIOS, "timeout", "timeout_ring"], ids=lambda s: s)
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_cuda_overlap_ops(scenario: str, nprocs: int) -> None:
     _require_gpus(nprocs)
-    tp = nprocs if scenario != "timeout" else 2
+    tp = 2 if scenario.startswith("timeout") else nprocs
     run_workers("overlap_ops_worker.py", nprocs, [scenario, str(tp), "cuda"])
 
 

@@ -16,12 +16,13 @@ torch = pytest.importorskip("torch")
 from overlap._native import native  # noqa: E402
 from overlap.comm import Communicator  # noqa: E402
 from overlap.errors import (  # noqa: E402
+    ConfigError,
     InvalidArgumentError,
     StateError,
     UnsupportedHardwareError,
 )
 from overlap.gemm import gemm  # noqa: E402
-from overlap.ops import AllGatherGemm, GemmReduceScatter  # noqa: E402
+from overlap.ops import AllGatherGemm, GemmReduceScatter, RsMethod  # noqa: E402
 from overlap.quantization import (  # noqa: E402
     BlockScalingConfig,
     CurrentScalingConfig,
@@ -60,6 +61,8 @@ def test_layouts_are_aligned_and_disjoint(tp: int) -> None:
         slot, recv, total = ops.gemm_rs_layout(tp, shard)
         assert slot % 256 == 0 and shard <= slot < shard + 256
         assert recv == tp * slot and total == 2 * recv
+        # The ring: one send slot, then one receive slot per hop (NOTE [gemm_rs_ring layout]).
+        assert ops.gemm_rs_ring_layout(tp, shard) == (slot, slot, tp * slot)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
@@ -81,14 +84,16 @@ def test_one_rank_ops_are_the_plain_gemm(comm: Communicator, fp8: bool) -> None:
         assert torch.equal(gathered, x)
     ag.destroy()
 
-    rs = GemmReduceScatter(comm, 40, 48, torch.bfloat16)
-    assert torch.equal(rs(xs, ws), want)
-    rs.destroy()
+    for method, sub in (("pipelined", 2), ("ring", 1), ("ring", 3)):
+        rs = GemmReduceScatter(comm, 40, 48, torch.bfloat16, method=method, ring_subchunks=sub)
+        assert torch.equal(rs(xs, ws), want), (method, sub)
+        rs.destroy()
 
 
-def test_fp8_output_of_gemm_rs(comm: Communicator) -> None:
+@pytest.mark.parametrize("method", ["pipelined", "ring"])
+def test_fp8_output_of_gemm_rs(comm: Communicator, method: str) -> None:
     x, w = rand(16, 32, seed=3), rand(16, 32, seed=4)
-    rs = GemmReduceScatter(comm, 16, 16, E4M3)
+    rs = GemmReduceScatter(comm, 16, 16, E4M3, method=method)
     scale = torch.tensor([2.0])
     amax, scale_inv = torch.full((1,), float("nan")), torch.full((1,), float("nan"))
     got = rs(x, w, out_scale=scale, out_amax=amax, out_scale_inv=scale_inv)
@@ -134,5 +139,23 @@ def test_rejections_are_typed_and_leave_the_op_usable(comm: Communicator) -> Non
         rs(x, w, out=torch.empty(8, 16, dtype=torch.float32))
     with pytest.raises(InvalidArgumentError, match="out_dtype"):
         GemmReduceScatter(comm, 32, 16, torch.int32)
+    with pytest.raises(InvalidArgumentError, match="method must be one of"):
+        GemmReduceScatter(comm, 32, 16, torch.bfloat16, method="tree")
+    with pytest.raises(InvalidArgumentError, match=r"ring_subchunks must be 1\.\.4"):
+        GemmReduceScatter(comm, 32, 16, torch.bfloat16, method="ring", ring_subchunks=0)
     assert torch.equal(rs(x, w), want)
     rs.destroy()
+
+    ring = GemmReduceScatter(comm, 32, 16, torch.bfloat16, method="ring")
+    sizes = [GemmReduceScatter.buffer_bytes(1, 32, 16, torch.bfloat16, m) for m in RsMethod]
+    assert ring.buffer.nbytes == sizes[1] < sizes[0]  # the ring needs half the slots
+    with pytest.raises(InvalidArgumentError, match="must be \\[16, 64\\]"):
+        ring(x, rand(8, 64))
+    ring.ring_subchunks = 5  # past the constructor's check: the core refuses it
+    with pytest.raises(ConfigError, match="ring_subchunks must be in \\[1, 4\\]"):
+        ring(x, w)
+    ring.ring_subchunks = 4
+    assert torch.equal(ring(x, w), want)  # still usable
+    ring.destroy()
+    with pytest.raises(StateError, match="destroyed"):
+        ring(x, w)

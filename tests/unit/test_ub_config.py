@@ -20,6 +20,7 @@ from overlap.ops import (  # noqa: E402
     AllGatherGemm,
     GemmReduceScatter,
     ReduceScatterBesideGemm,
+    RsMethod,
 )
 from overlap.ub import (  # noqa: E402
     GEMM_NAMES,
@@ -87,9 +88,9 @@ def test_pipelined_dgrad_leaves_wgrad_nothing_to_scatter() -> None:
         "fc1_wgrad": GemmOverlapConfig(M.BULK_RS),
     }
     assert UbConfig(8, 4, gemms=kept).gemms["fc1_wgrad"].method is M.BULK_RS
-    with pytest.warns(UserWarning, match="maps to"):
-        te = UbConfig.from_te_dict({"qkv_dgrad": {"method": "ring_exchange"}}, tokens=8, hidden=4)
-    assert te.gemms["qkv_dgrad"].method is M.PIPELINE_RS and te.gemms["qkv_wgrad"].method is M.NONE
+    # The ring-exchange GEMM+RS reduce-scatters itself as well.
+    te = UbConfig.from_te_dict({"qkv_dgrad": {"method": "ring_exchange"}}, tokens=8, hidden=4)
+    assert te.gemms["qkv_dgrad"].method is M.RING_RS and te.gemms["qkv_wgrad"].method is M.NONE
 
 
 @pytest.mark.parametrize(
@@ -171,12 +172,15 @@ def test_te_dict_warns_for_keys_without_equivalent() -> None:
     te = {"proj_fprop": {"method": "pipeline", "num_sm": 24, "cga_size": 2, "set_sm_margin": 1}}
     with pytest.warns(UserWarning, match=r"not applied: \{'proj_fprop': \['cga_size', 'num_sm'"):
         UbConfig.from_te_dict(te, tokens=8, hidden=4)
-    with pytest.warns(UserWarning, match="'ring_exchange' reduce-scatter maps to"):
-        cfg = UbConfig.from_te_dict({"fc2_fprop": {"method": "ring_exchange"}}, tokens=8, hidden=4)
-    assert cfg.gemms["fc2_fprop"].method is M.PIPELINE_RS
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning for fully mapped entries
-        UbConfig.from_te_dict({"qkv_fprop": {"method": "ring_exchange"}}, tokens=8, hidden=4)
+        cfg = UbConfig.from_te_dict(
+            {"qkv_fprop": {"method": "ring_exchange"}, "fc2_fprop": {"method": "ring_exchange"}},
+            tokens=8,
+            hidden=4,
+        )
+    assert cfg.gemms["qkv_fprop"].method is M.RING_AG
+    assert cfg.gemms["fc2_fprop"].method is M.RING_RS  # the ring-exchange GEMM+RS
 
 
 @pytest.mark.parametrize(
@@ -249,6 +253,37 @@ def test_fp8_and_put_split_get_their_own_buffers() -> None:
         + ReduceScatterBesideGemm.buffer_bytes(1, 64, 32, torch.bfloat16)
     )
     assert ub.total_bytes == want
+
+
+def test_ring_rs_shares_the_gemm_rs_buffer() -> None:
+    gemms = {
+        "proj_fprop": GemmOverlapConfig(M.RING_RS, ring_subchunks=3),
+        "fc2_fprop": GemmOverlapConfig("ring_rs"),  # type: ignore[arg-type]
+        "qkv_dgrad": GemmOverlapConfig(M.PIPELINE_RS),
+    }
+    ub = init(shape=(64, 32), ub_cfgs=gemms, register=False)
+    proj, fc2, qkv = (ub.get(n) for n in ("proj_fprop", "fc2_fprop", "qkv_dgrad"))
+    assert proj.method is RsMethod.RING and proj.ring_subchunks == 3
+    assert fc2.method is RsMethod.RING and fc2.ring_subchunks == 2 and fc2.compute_lanes == 1
+    assert qkv.method is RsMethod.PIPELINED and qkv.buffer is proj.buffer is fc2.buffer
+    # Sized for the larger need: the pipelined layout (the ring needs half of it).
+    rs_bytes = GemmReduceScatter.buffer_bytes(1, 64, 32, torch.bfloat16)
+    assert proj.buffer.nbytes == rs_bytes
+    assert "proj_fprop  ring_rs" in ub.describe()
+    x, w = rand(64, 24, seed=7), rand(32, 24, seed=8)
+    want = gemm(x, w, transb=True)
+    assert torch.equal(proj(x, w), want) and torch.equal(qkv(x, w), want)
+    ub.destroy()
+    only_ring = {n: GemmOverlapConfig(M.RING_RS) for n in ("proj_fprop", "fc2_fprop")}
+    only_ring |= {n: GemmOverlapConfig(M.NONE) for n in ("qkv_dgrad", "fc1_dgrad")}
+    ub = init(shape=(64, 32), ub_cfgs=only_ring, register=False)
+    ring_bytes = GemmReduceScatter.buffer_bytes(1, 64, 32, torch.bfloat16, "ring")
+    assert ub.get("proj_fprop").buffer.nbytes == ring_bytes < rs_bytes
+    ub.destroy()
+    with pytest.raises(ConfigError, match=r"qkv_fprop'\].method: 'ring_rs' does not fit"):
+        UbConfig(8, 4, gemms={"qkv_fprop": GemmOverlapConfig(M.RING_RS)})
+    with pytest.raises(ConfigError, match=r"ring_subchunks: 5 is not an int in 1\.\.4"):
+        GemmOverlapConfig(M.RING_RS, ring_subchunks=5)
 
 
 def test_use_fp8_applies_to_every_gemm_without_an_entry() -> None:

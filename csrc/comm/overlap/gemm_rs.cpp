@@ -30,10 +30,7 @@ constexpr const char* kOp = "gemm_rs";
 
 // Rows [j m, (j + 1) m) of X: the rows whose sums belong to rank j.
 gemm::GemmOperand chunk_operand(const gemm::GemmOperand& a, std::int64_t m, int j) {
-  gemm::GemmOperand c = a;
-  c.data = static_cast<const char*>(a.data) + j * m * a.ld * dtype_size(a.dtype);
-  c.rows = m;
-  return c;
+  return detail::row_block(a, j * m, m);
 }
 
 // Send slot j of this rank's region: its partial sums of rank j's rows.
@@ -49,6 +46,45 @@ gemm::GemmOutput send_slot(const SymmetricBuffer& buf, const GemmRsLayout& l, DT
 }
 
 }  // namespace
+
+namespace detail {
+
+GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a,
+                          const gemm::GemmOperand& b, const gemm::GemmOutput& d,
+                          const float* out_scale_inv, const gemm::GemmOptions& options,
+                          const OverlapConfig& config, const char* op) {
+  const int n = buf.size();
+  check_op(buf, config, a, b, op);
+  OVERLAP_CHECK_ARG(!a.transposed, op << ": the input must not be transposed (its rows are "
+                                         "split among the ranks)");
+  OVERLAP_CHECK_ARG(a.rows >= n && a.rows % n == 0,
+                    op << ": the input's " << a.rows
+                       << " rows (tokens) must be a positive multiple of the group size " << n
+                       << "; pad the tokens");
+  GemmRsShape s;
+  s.m = a.rows / n;
+  s.cols = b.transposed ? b.rows : b.cols;
+  OVERLAP_CHECK_ARG(d.rows == s.m && d.cols == s.cols && d.ld == s.cols && d.row_offset == 0,
+                    op << ": the output must be a contiguous [" << s.m << ", " << s.cols
+                       << "] matrix (M / size rows), got [" << d.rows << ", " << d.cols
+                       << "] with ld " << d.ld << " and row_offset " << d.row_offset);
+  OVERLAP_CHECK_ARG(options.bias == nullptr && !options.gelu && options.beta == 0.0f,
+                    op << ": bias, gelu and beta would apply to each rank's partial sums; "
+                          "apply them after the op");
+  const bool fp8_out = dtype_is_fp8(d.dtype);
+  OVERLAP_CHECK_ARG(
+      fp8_out || d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16 ||
+          d.dtype == DType::kFloat32,
+      op << ": the output must be bfloat16, float16, float32 or FP8, got " << dtype_name(d.dtype));
+  OVERLAP_CHECK_ARG(fp8_out ? d.scale != nullptr
+                            : (d.scale == nullptr && d.amax == nullptr && out_scale_inv == nullptr),
+                    op << ": an FP8 output needs a scale (amax and scale_inv optional); other "
+                          "outputs take none");
+  s.partial = gemm_rs_partial_dtype(d.dtype);
+  return s;
+}
+
+}  // namespace detail
 
 // NOTE [gemm_rs schedule]: rank r computes the chunks in the order r+1, r+2, ..., r, so the
 // chunk each peer needs first is produced first (rank r-1 computes our chunk first), and signals
@@ -77,32 +113,11 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
   const int n = buf.size();
   Transport& t = buf.transport();
   // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
-  detail::check_op(buf, config, a, b, kOp);
-  OVERLAP_CHECK_ARG(!a.transposed, kOp << ": the input must not be transposed (its rows are "
-                                          "split among the ranks)");
-  OVERLAP_CHECK_ARG(a.rows >= n && a.rows % n == 0,
-                    kOp << ": the input's " << a.rows
-                        << " rows (tokens) must be a positive multiple of the group size " << n
-                        << "; pad the tokens");
-  const std::int64_t m = a.rows / n;
-  const std::int64_t cols = b.transposed ? b.rows : b.cols;
-  OVERLAP_CHECK_ARG(d.rows == m && d.cols == cols && d.ld == cols && d.row_offset == 0,
-                    kOp << ": the output must be a contiguous [" << m << ", " << cols
-                        << "] matrix (M / size rows), got [" << d.rows << ", " << d.cols
-                        << "] with ld " << d.ld << " and row_offset " << d.row_offset);
-  OVERLAP_CHECK_ARG(options.bias == nullptr && !options.gelu && options.beta == 0.0f,
-                    kOp << ": bias, gelu and beta would apply to each rank's partial sums; "
-                           "apply them after the op");
-  const bool fp8_out = dtype_is_fp8(d.dtype);
-  OVERLAP_CHECK_ARG(
-      fp8_out || d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16 ||
-          d.dtype == DType::kFloat32,
-      kOp << ": the output must be bfloat16, float16, float32 or FP8, got " << dtype_name(d.dtype));
-  OVERLAP_CHECK_ARG(fp8_out ? d.scale != nullptr
-                            : (d.scale == nullptr && d.amax == nullptr && out_scale_inv == nullptr),
-                    kOp << ": an FP8 output needs a scale (amax and scale_inv optional); other "
-                           "outputs take none");
-  const DType partial = gemm_rs_partial_dtype(d.dtype);
+  const detail::GemmRsShape shape =
+      detail::check_gemm_rs(buf, a, b, d, out_scale_inv, options, config, kOp);
+  const std::int64_t m = shape.m;
+  const std::int64_t cols = shape.cols;
+  const DType partial = shape.partial;
   const GemmRsLayout l =
       gemm_rs_layout(n, static_cast<std::size_t>(m * cols) * dtype_size(partial));
   detail::check_fits(buf, l.bytes, kOp);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "comm/overlap/overlap_ops.h"
 #include "common/errors.h"
@@ -43,6 +44,32 @@ inline void check_fits(const SymmetricBuffer& buf, std::size_t needed, const cha
   OVERLAP_CHECK_ARG(needed <= buf.bytes(), op << ": the op needs " << needed
                                               << " bytes of buffer per rank but the buffer has "
                                               << buf.bytes() << "; create a larger one");
+}
+
+// ---- GEMM -> RS (gemm_rs.cpp, gemm_rs_ring.cpp) ----------------------------------------------
+
+// The facts of a GEMM -> RS call once its arguments have passed check_gemm_rs.
+struct GemmRsShape {
+  std::int64_t m = 0;     // rows per rank (of the output, and of each chunk of the input)
+  std::int64_t cols = 0;  // n, the output's columns
+  DType partial = DType::kBFloat16;
+};
+
+// The argument rules both GEMM -> RS methods share (defined in gemm_rs.cpp): the buffer, config
+// and operand kinds, the input's rows, the output's shape, dtype and FP8 scales, no bias, gelu
+// or beta. Throws before anything is communicated; `op` names the caller.
+GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a,
+                          const gemm::GemmOperand& b, const gemm::GemmOutput& d,
+                          const float* out_scale_inv, const gemm::GemmOptions& options,
+                          const OverlapConfig& config, const char* op);
+
+// Rows [row0, row0 + rows) of a non-transposed operand.
+inline gemm::GemmOperand row_block(const gemm::GemmOperand& a, std::int64_t row0,
+                                   std::int64_t rows) {
+  gemm::GemmOperand c = a;
+  c.data = static_cast<const char*>(a.data) + row0 * a.ld * dtype_size(a.dtype);
+  c.rows = rows;
+  return c;
 }
 
 }  // namespace overlap::comm::detail

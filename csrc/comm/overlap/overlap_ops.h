@@ -31,8 +31,12 @@ struct OverlapConfig {
   // once. Each push then has the copy engines to itself, so the first peer chunk lands after
   // about 1/(size-1) of the all-gather time, not at its end (NOTE [ag_gemm schedule]).
   bool staggered_puts = false;
+  // gemm_rs_ring: sub-chunks each rank's chunk is split into, 1..kMaxRingSubchunks (NOTE
+  // [gemm_rs_ring schedule]: with 1, every hop waits for the neighbour's whole GEMM).
+  int ring_subchunks = 2;
 };
 constexpr int kMaxComputeLanes = 4;
+constexpr int kMaxRingSubchunks = 4;
 
 // ---- AG -> GEMM ------------------------------------------------------------------------------
 
@@ -170,5 +174,27 @@ struct ScatterOutput {
 void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
                                 const ScatterOutput& out, const SideGemm& gemm,
                                 const BulkConfig& config, cudaStream_t stream);
+
+// ---- GEMM -> RS, ring exchange (gemm_rs_ring.cpp) ---------------------------------------------
+
+// NOTE [gemm_rs_ring layout]: each rank's region holds `size` slots of one [m, n] partial (of
+// gemm_rs_partial_dtype), 256-byte aligned: slot 0 is the send slot (this rank's first
+// partial, computed from scratch), slot 1 + i the receive slot of hop i (the running sum its
+// ring predecessor pushes at step i; this rank adds its own partial into it in place and
+// pushes it on). One slot per hop, none reused within an op: half the pipelined layout.
+GemmRsLayout gemm_rs_ring_layout(int size, std::size_t partial_bytes);
+
+// Epochs a gemm_rs_ring op takes on its buffer (NOTE [ring sub-epochs] in gemm_rs_ring.cpp):
+// odd, and a function of the group size alone.
+std::uint64_t gemm_rs_ring_epochs(int size);
+
+// The same result as gemm_rs (same arguments and rules), computed as a ring: the running sum of
+// each chunk travels the ring and every rank adds its partial with the GEMM's own beta = 1
+// epilogue, so there is no reduction kernel (FP8 outputs: one cast of the final chunk, with
+// scale and amax). Partial sums are rounded to the partial dtype at each hop (NOTE
+// [gemm_rs_ring numerics]). config.ring_subchunks pipelines each hop.
+void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
+                  const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
+                  const OverlapConfig& config, cudaStream_t stream);
 
 }  // namespace overlap::comm

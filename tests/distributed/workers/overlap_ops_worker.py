@@ -1,13 +1,15 @@
 """Comm-GEMM overlap ops against their references (plain collective + plain GEMM).
 
 Usage: overlap_ops_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, delayed, negative, timeout.
+Scenarios: correctness, delayed, negative, timeout, timeout_ring.
 
 On the host transport the GEMM is the float64-accurate reference, so the overlapped ops must
 match the references bit for bit (chunking rows does not change a row's value, and both sum
 partials in rank order with fp32 accumulation). On cuda, cuBLASLt may pick other kernels for
 chunks than for the whole matrix: GEMM outputs are compared with a tolerance, gathered data
-and scales bit for bit. Outputs are poisoned before every call.
+and scales bit for bit. The ring GEMM+RS rounds its running sums at every hop (NOTE
+[gemm_rs_ring numerics]) and is compared with a tolerance of that size on both transports
+(close_ring). Outputs are poisoned before every call.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import random
 import sys
 import time
+from collections.abc import Callable
 
 import _worker
 import torch
@@ -84,6 +87,31 @@ def close(got: torch.Tensor, want: torch.Tensor, what: str, fp8_inputs: bool = F
     assert err <= tol, f"{what}: relative error {err} > {tol}"
 
 
+# Unit roundoff of the dtype the ring's running sums are rounded to.
+ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+
+
+def close_ring(
+    got: torch.Tensor, want: torch.Tensor, what: str, n: int, partial: torch.dtype
+) -> None:
+    """The ring GEMM+RS against the reference. The ring rounds its running sum to ``partial``
+    at each of its n hops, the reference rounds each of the n partial sums and then their sum:
+    at most 2 (n + 1) roundings apart, relative to the largest value. On cuda the GEMM's own
+    tolerance (as close()) is added. FP8 outputs may also round to a neighbouring code."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape)
+    assert got.stride() == want.stride(), (what, got.stride(), want.stride())
+    g, w = got.float().cpu(), want.float().cpu()
+    assert torch.isfinite(g).all(), f"{what}: non-finite values (poison left?)"
+    tol = 2 * (n + 1) * ROUNDOFF[partial]
+    if DEVICE.type == "cuda":
+        tol += 2e-2
+    bound = tol * w.abs().max().clamp_min(1e-6)
+    if got.dtype == E4M3:  # plus one FP8 step of either value
+        bound = bound + torch.maximum(g.abs(), w.abs()) * 2.0**-3 + 2.0**-9
+    err = (g - w).abs()
+    assert (err <= bound).all(), f"{what}: |diff| {err.max()} beyond the ring's rounding bound"
+
+
 def shape_trials(tp: int, seed: int) -> list[tuple[int, int, int]]:
     """(m per rank, K, N): m not a multiple of 128 (nor of 16) included; K, N multiples of 16
     (FP8 GEMMs need K % 16 == 0)."""
@@ -125,38 +153,74 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
                 assert torch.equal(ag.gathered_scale_invs(), want_scales), "scale_invs"
                 _worker.expect_raises(StateError, "different scale_inv", ag.gathered_input)
             ag.destroy()
-            # ---- GEMM -> RS ----
-            rows = n * m
-            for out_dtype in (torch.bfloat16, E4M3) if use_fp8 else (torch.bfloat16,):
-                rs = GemmReduceScatter(comm, rows + n * trial, nout, out_dtype, compute_lanes=lanes)
-                rs.buffer.put_split = 1 + trial % 3
-                x = rand(rows, k, gen)
-                w = rand(nout, k, gen, 0.1)
-                xs = fp8(x, 16.0) if use_fp8 else x
-                ws = fp8(w, 64.0 + tp.rank) if use_fp8 else w
-                extra: dict = {}
-                if out_dtype == E4M3:
-                    extra = {
-                        "out_scale": torch.tensor([4.0], device=DEVICE),
-                        "out_amax": torch.full((1,), POISON, device=DEVICE),
-                    }
-                    extra_ref = dict(extra, out_amax=torch.full((1,), POISON, device=DEVICE))
-                    scale_inv = torch.full((1,), POISON, device=DEVICE)
-                    out = torch.zeros((m, nout), dtype=E4M3, device=DEVICE)
-                    got = rs(xs, ws, out=out, out_scale_inv=scale_inv, **extra)
-                    want = gemm_reduce_scatter_reference(
-                        xs, ws, group=group, out_dtype=E4M3, **extra_ref
-                    )
-                    assert scale_inv.item() == 0.25, scale_inv
-                    close(extra["out_amax"], extra_ref["out_amax"], "gemm_rs amax", True)
-                    close(got.float(), want.float(), f"gemm_rs fp8 out trial {trial}", True)
-                else:
-                    out = torch.full((m, nout), POISON, dtype=out_dtype, device=DEVICE)
-                    got = rs(xs, ws, out=out)
-                    assert got is out
-                    want = gemm_reduce_scatter_reference(xs, ws, group=group, out_dtype=out_dtype)
-                    close(got, want, f"gemm_rs trial {trial} fp8={use_fp8}", use_fp8)
-                rs.destroy()
+            # ---- GEMM -> RS, both methods ----
+            outs = (torch.bfloat16, E4M3) if use_fp8 else (torch.bfloat16, torch.float32)
+            for out_dtype in outs:
+                for method in ("pipelined", "ring"):
+                    gemm_rs_case(comm, tp, gen, (trial, m, k, nout), (use_fp8, out_dtype, method))
+
+
+def gemm_rs_case(
+    comm: Communicator,
+    tp: TorchBootstrap,
+    gen: torch.Generator,
+    shape: tuple[int, int, int, int],
+    kind: tuple[bool, torch.dtype, str],
+) -> None:
+    """One GEMM+RS call against the reference (exact on the host for the pipelined method,
+    within the ring's rounding bound for the ring)."""
+    group, n = tp.group, tp.size
+    trial, m, k, nout = shape
+    use_fp8, out_dtype, method = kind
+    rows = n * m
+    lanes = 1 + trial % 2
+    what = f"gemm_rs {method} trial {trial} fp8={use_fp8} out={out_dtype}"
+    rs = GemmReduceScatter(
+        comm,
+        rows + n * trial,
+        nout,
+        out_dtype,
+        compute_lanes=lanes,
+        method=method,
+        ring_subchunks=1 + trial % 4,
+    )
+    rs.buffer.put_split = 1 + trial % 3
+    x = rand(rows, k, gen)
+    w = rand(nout, k, gen, 0.1)
+    xs = fp8(x, 16.0) if use_fp8 else x
+    ws = fp8(w, 64.0 + tp.rank) if use_fp8 else w
+    partial = torch.bfloat16 if out_dtype == E4M3 else out_dtype
+
+    def check(got: torch.Tensor, want: torch.Tensor, label: str) -> None:
+        if method == "ring":
+            close_ring(got, want, label, n, partial)
+        else:
+            close(got, want, label, use_fp8)
+
+    if out_dtype == E4M3:
+        extra = {
+            "out_scale": torch.tensor([4.0], device=DEVICE),
+            "out_amax": torch.full((1,), POISON, device=DEVICE),
+        }
+        extra_ref = dict(extra, out_amax=torch.full((1,), POISON, device=DEVICE))
+        scale_inv = torch.full((1,), POISON, device=DEVICE)
+        out = torch.zeros((m, nout), dtype=E4M3, device=DEVICE)
+        got = rs(xs, ws, out=out, out_scale_inv=scale_inv, **extra)
+        assert got is out
+        want = gemm_reduce_scatter_reference(xs, ws, group=group, out_dtype=E4M3, **extra_ref)
+        assert scale_inv.item() == 0.25, scale_inv
+        check(extra["out_amax"], extra_ref["out_amax"], f"{what}: amax")
+        if method == "ring":
+            close_ring(got, want, what, n, partial)
+        else:
+            close(got.float(), want.float(), what, True)
+    else:
+        out = torch.full((m, nout), POISON, dtype=out_dtype, device=DEVICE)
+        got = rs(xs, ws, out=out)
+        assert got is out
+        want = gemm_reduce_scatter_reference(xs, ws, group=group, out_dtype=out_dtype)
+        check(got, want, what)
+    rs.destroy()
 
 
 def delay(seconds: float) -> None:
@@ -172,11 +236,15 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     n, m, k, nout = tp.size, 24, 32, 48
     ag = AllGatherGemm(comm, n * m, k, torch.bfloat16)
     rs = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, compute_lanes=2)
+    # The ring on the pipelined op's buffer: the two methods alternate on it (the ring takes
+    # several epochs per op, NOTE [ring sub-epochs]), and two rings run back to back.
+    ring = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, method="ring", buffer=rs.buffer)
     slow = tp.size - 1
     xs = [rand(m, k, gen) for _ in range(6)]
     ys = [rand(n * m, k, gen) for _ in range(6)]
+    zs = [[rand(n * m, k, gen) for _ in range(2)] for _ in range(6)]
     w = rand(nout, k, gen, 0.1)
-    got_ag, got_gathered, got_rs = [], [], []
+    got_ag, got_gathered, got_rs, got_ring = [], [], [], []
     side = torch.cuda.Stream(DEVICE) if DEVICE.type == "cuda" else None
     for i in range(6):
         # Odd iterations on a side stream (cuda): the ops follow the caller's current stream.
@@ -193,6 +261,13 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
             y = ys[i].clone()
             got_rs.append(rs(y, w).clone())
             y.fill_(POISON)
+            ring.ring_subchunks = 1 + i % 3
+            for j, z_in in enumerate(zs[i]):
+                if tp.rank == (slow + j) % tp.size:
+                    delay(0.02 * (1 + i % 2))
+                z = z_in.clone()
+                got_ring.append(ring(z, w).clone())
+                z.fill_(POISON)
     if side is not None:
         torch.cuda.current_stream(DEVICE).wait_stream(side)
     for i in range(6):
@@ -201,8 +276,12 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
         assert torch.equal(got_gathered[i], gathered), f"gathered input {i} corrupted"
         want = gemm_reduce_scatter_reference(ys[i], w, group=tp.group)
         close(got_rs[i], want, f"gemm_rs {i} (delayed rank)")
+        for j, z in enumerate(zs[i]):
+            want = gemm_reduce_scatter_reference(z, w, group=tp.group)
+            close_ring(got_ring[2 * i + j], want, f"ring gemm_rs {i}.{j}", tp.size, torch.bfloat16)
     ag.destroy()
     rs.destroy()
+    ring.destroy()
 
 
 def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
@@ -227,18 +306,49 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     if DEVICE.type == "cpu":  # op records: best effort on cuda (collectives.cpp NOTE)
         short = rand(m - (tp.rank == 0), k, gen)
         raises(StateError, "different sizes", lambda: ag(short, w))
+    # The ring method: the same argument rules, and its own.
+    ring = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, method="ring", buffer=rs.buffer)
+    y = rand(n * m, k, gen)
+    raises(
+        InvalidArgumentError, "multiple of the TP size", lambda: ring(rand(n * m - 1, k, gen), w)
+    )
+    raises(InvalidArgumentError, "must be [", lambda: ring(y, rand(nout, k + 16, gen)))
+    raises(InvalidArgumentError, "out must be", lambda: ring(y, w, out=torch.empty(3, 3)))
+    raises(
+        InvalidArgumentError,
+        "method must be",
+        lambda: GemmReduceScatter(comm, n, 16, torch.bfloat16, method="tree"),
+    )
+    raises(
+        InvalidArgumentError,
+        "ring_subchunks",
+        lambda: GemmReduceScatter(comm, n, 16, torch.bfloat16, method="ring", ring_subchunks=5),
+    )
+    raises(ConfigError, "ring_subchunks", lambda: _bad_subchunks(ring, y, w))
+    raises(
+        InvalidArgumentError,
+        "needs out_scale",
+        lambda: _fp8_rs_without_scale(comm, n, k, gen, "ring"),
+    )
+    if DEVICE.type == "cpu":  # op records: best effort on cuda
+        mixed = ring if tp.rank == 0 else rs
+        raises(StateError, "collective mismatch", lambda: mixed(y, w))
     # Still usable, with matching results.
     want, _ = all_gather_gemm_reference(x, w, group=tp.group)
     close(ag(x, w), want, "ag_gemm after rejected calls")
-    y = rand(n * m, k, gen)
     close(rs(y, w), gemm_reduce_scatter_reference(y, w, group=tp.group), "gemm_rs after rejects")
+    want = gemm_reduce_scatter_reference(y, w, group=tp.group)
+    close_ring(ring(y, w), want, "ring gemm_rs after rejects", n, torch.bfloat16)
     ag.destroy()
     raises(StateError, "destroyed", lambda: ag(x, w))
     rs.destroy()
+    raises(StateError, "destroyed", lambda: ring(y, w))
 
 
-def _fp8_rs_without_scale(comm: Communicator, n: int, k: int, gen: torch.Generator) -> None:
-    rs = GemmReduceScatter(comm, n * 4, 16, E4M3)
+def _fp8_rs_without_scale(
+    comm: Communicator, n: int, k: int, gen: torch.Generator, method: str = "pipelined"
+) -> None:
+    rs = GemmReduceScatter(comm, n * 4, 16, E4M3, method=method)
     try:
         rs(fp8(rand(n * 4, k, gen), 1.0), fp8(rand(16, k, gen), 1.0))
     finally:
@@ -254,24 +364,45 @@ def _bad_lanes(ag: AllGatherGemm, x: torch.Tensor, w: torch.Tensor) -> None:
         ag.compute_lanes = lanes
 
 
+def _bad_subchunks(rs: GemmReduceScatter, y: torch.Tensor, w: torch.Tensor) -> None:
+    sub = rs.ring_subchunks
+    rs.ring_subchunks = 7  # bypasses the constructor's check: the core refuses it
+    try:
+        rs(y, w)
+    finally:
+        rs.ring_subchunks = sub
+
+
 def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
-    """A rank that never joins: the others raise CommTimeoutError naming the op."""
+    """A rank that never joins an AG+GEMM: the others raise CommTimeoutError naming the op."""
     ag = AllGatherGemm(comm, tp.size * 4, 16, torch.bfloat16)
-    ag.buffer._core.timeout_s = 1.0
+    _absent_rank(tp, ag.buffer, "ag_gemm", lambda: ag(rand(4, 16, gen), rand(16, 16, gen)))
+    ag.destroy()
+
+
+def timeout_ring(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """The same for a ring GEMM+RS."""
+    n = tp.size
+    rs = GemmReduceScatter(comm, n * 4, 16, torch.bfloat16, method="ring")
+    _absent_rank(tp, rs.buffer, "gemm_rs_ring", lambda: rs(rand(n * 4, 16, gen), rand(16, 16, gen)))
+    rs.destroy()
+
+
+def _absent_rank(tp: TorchBootstrap, buffer: object, op: str, call: Callable[[], object]) -> None:
+    buffer._core.timeout_s = 1.0  # type: ignore[attr-defined]
     absent = tp.size - 1
     if tp.rank == absent:
         time.sleep(3.0)
+        return
+    t0 = time.monotonic()
+    try:
+        call()
+        buffer.synchronize()  # type: ignore[attr-defined]
+    except CommTimeoutError as exc:
+        assert time.monotonic() - t0 < 6.0
+        assert op in str(exc) and f"rank {tp.rank}" in str(exc), str(exc)
     else:
-        t0 = time.monotonic()
-        try:
-            ag(rand(4, 16, gen), rand(16, 16, gen))
-            ag.buffer.synchronize()
-        except CommTimeoutError as exc:
-            assert time.monotonic() - t0 < 6.0
-            assert "ag_gemm" in str(exc) and f"rank {tp.rank}" in str(exc), str(exc)
-        else:
-            raise AssertionError("ag_gemm with an absent rank did not time out")
-    ag.destroy()
+        raise AssertionError(f"{op} with an absent rank did not time out")
 
 
 def main() -> None:
@@ -285,6 +416,7 @@ def main() -> None:
         "delayed": delayed,
         "negative": negative,
         "timeout": timeout,
+        "timeout_ring": timeout_ring,
     }[scenario](comm, tp, gen)
     comm.destroy()
 

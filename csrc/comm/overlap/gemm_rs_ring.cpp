@@ -1,0 +1,247 @@
+// GEMM -> RS, ring exchange: Y_shard = ReduceScatter(X @ op(W_shard)) with each chunk's running
+// sum travelling the ring and every rank adding its partial with the GEMM's own epilogue.
+#include <algorithm>
+
+#include "comm/op_protocol.h"
+#include "comm/overlap/op_common.h"
+#include "comm/overlap/overlap_ops.h"
+
+namespace overlap::comm {
+
+using detail::kSlotAlign;
+using detail::round_up;
+
+GemmRsLayout gemm_rs_ring_layout(int size, std::size_t partial_bytes) {
+  GemmRsLayout l;
+  l.slot_bytes = round_up(partial_bytes, kSlotAlign);
+  l.recv_offset = l.slot_bytes;  // slot 0 is the send slot
+  l.bytes = l.slot_bytes * static_cast<std::size_t>(size);
+  return l;
+}
+
+// NOTE [ring sub-epochs]: a hop is announced by a flag, and a flag carries epochs that only grow
+// (NOTE [flags] in transport.h): a value written by op e must be <= e, or a later op waiting for
+// its own epoch would pass at once. The ring sends (size - 1) x subchunks pieces from rank r to
+// rank r+1, all announced on the one flag r -> r+1 (kData), so the op takes that many epochs:
+// begin_op takes epoch e, the op then takes e+1 ... e+E-1 from the buffer (noting each one for
+// CUDA-graph capture, NOTE [graph capture] in cuda/graph_log.h), and piece i is announced by the
+// value e + i. The pieces are pushed in order on one lane, so "flag >= e + i" means pieces
+// 0..i have landed. E depends on the group size alone (never on the call's arguments), so the
+// ranks' epochs stay in step whatever a rank passes; it is odd, so that consecutive ops keep
+// alternating op-record slots (NOTE [op records] in op_protocol.cpp) and the record check
+// stays effective. The next op on the buffer begins at e + E and waits for every peer's
+// acknowledgement of e + E, as after any other op.
+std::uint64_t gemm_rs_ring_epochs(int size) {
+  const std::uint64_t pieces =
+      static_cast<std::uint64_t>(std::max(0, size - 1)) * kMaxRingSubchunks;
+  const std::uint64_t e = std::max<std::uint64_t>(1, pieces);
+  return e % 2 ? e : e + 1;
+}
+
+namespace {
+
+constexpr const char* kOp = "gemm_rs_ring";
+constexpr std::uint64_t kRingTag = 0x52494e47;  // "RING": the op record differs from gemm_rs's
+
+// The sub-GEMMs of one op, the same list for validation and for the issue loop.
+class RingPlan {
+ public:
+  RingPlan(const SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOutput& d,
+           const detail::GemmRsShape& shape, int subchunks)
+      : buf_(buf), a_(a), d_(d), s_(shape), r_(buf.rank()), n_(buf.size()) {
+    k_ = static_cast<int>(std::min<std::int64_t>(subchunks, shape.m));
+    l_ = gemm_rs_ring_layout(n_, part_bytes(shape.m));
+    fp8_out_ = dtype_is_fp8(d.dtype);
+  }
+
+  int subchunks() const { return k_; }
+  const GemmRsLayout& layout() const { return l_; }
+  // Rows [lo(k), lo(k + 1)) of a chunk form sub-chunk k.
+  std::int64_t lo(int k) const { return s_.m * k / k_; }
+  std::int64_t rows(int k) const { return lo(k + 1) - lo(k); }
+  std::size_t part_bytes(std::int64_t rows) const {
+    return static_cast<std::size_t>(rows * s_.cols) * dtype_size(s_.partial);
+  }
+  // The chunk rank r works on at step s: that of rank (r - s - 1) mod n, which started at rank
+  // r - s and reaches its owner at step n - 1.
+  int chunk(int s) const { return ((r_ - s - 1) % n_ + n_) % n_; }
+  // Slot `i` of `owner`'s region (0: send, 1 + h: receive slot of hop h).
+  char* slot(int owner, int i) const { return buf_.data(owner) + i * l_.slot_bytes; }
+  // Where step s leaves its running sum: the final output (non-FP8, last step), else the slot it
+  // accumulates into (the send slot at step 0, the receive slot of hop s - 1 after).
+  bool writes_output(int s) const { return s == n_ - 1 && !fp8_out_; }
+  int out_slot(int s) const { return s == 0 ? 0 : s; }  // slot 1 + (s - 1)
+  // The slot holding the final sum of an FP8 output (cast after the last step).
+  int final_slot() const { return out_slot(n_ - 1); }
+
+  gemm::GemmOperand input(int s, int k) const {
+    return detail::row_block(a_, chunk(s) * s_.m + lo(k), rows(k));
+  }
+  gemm::GemmOutput output(int s, int k) const {
+    gemm::GemmOutput o;
+    if (writes_output(s)) {
+      o = d_;
+    } else {
+      o.data = slot(r_, out_slot(s));
+      o.dtype = s_.partial;
+      o.rows = s_.m;
+      o.cols = s_.cols;
+      o.ld = s_.cols;
+    }
+    o.row_offset = lo(k);
+    return o;
+  }
+  gemm::GemmOptions options(const gemm::GemmOptions& base, int s) const {
+    gemm::GemmOptions o = base;
+    o.beta = s == 0 ? 0.0f : 1.0f;  // add the received running sum, in place
+    return o;
+  }
+
+ private:
+  const SymmetricBuffer& buf_;
+  const gemm::GemmOperand& a_;
+  const gemm::GemmOutput& d_;
+  detail::GemmRsShape s_;
+  int r_;
+  int n_;
+  int k_ = 1;
+  bool fp8_out_ = false;
+  GemmRsLayout l_;
+};
+
+}  // namespace
+
+// NOTE [gemm_rs_ring schedule]: chunk c (the rows of rank c) starts at rank c+1, which computes
+// its partial from scratch and pushes it to rank c+2; each rank on the way adds its own partial
+// to the running sum it received (the GEMM's beta = 1 epilogue, in place in the receive slot,
+// so no reduction kernel and no SMs beside the GEMMs) and pushes it on; rank c adds the last
+// partial into its output. So at step s rank r works on the chunk of rank (r - s - 1) mod n.
+//
+// Why sub-chunks: with whole chunks, rank r's GEMM of step s needs what rank r-1 computed at
+// step s-1 and pushed since, so every step costs GEMM + transfer and nothing overlaps. Each
+// chunk is therefore split into S sub-chunks (config.ring_subchunks) issued in order: the
+// piece of sub-chunk k travels while the other S-1 sub-chunks are multiplied, so the ring runs
+// at GEMM speed once a piece (1/S of a chunk) moves within S-1 sub-GEMMs, i.e. once moving a
+// chunk takes at most (S-1) times its GEMM (S = 2: no longer than the GEMM). Beyond that the
+// ring is bound by the link to the successor (n-1 chunks per rank, like any reduce-scatter).
+// Timeline of rank r (n ranks, S = 2, one compute lane; G(s,k) = sub-GEMM k of step s; "in"
+// = wait for piece (s-1, k) from r-1):
+//
+// clang-format off
+//   c0    | begin_op | fork | G(0,0) | G(0,1) | in G(1,0) | in G(1,1) | ... | G(n-1,0) | G(n-1,1) | join | FP8: cast
+//   put   |          |      |        | push (0,0) -> r+1 | push (0,1) | push (1,0) | ...          |      |
+//   copy  |          |      |                               ... in (n-2,k): recv slot -> out rows |      |
+// clang-format on
+//
+// Pushes go by copy engine (put, put_split copies per piece) into the successor's receive
+// slot of that hop, then signal the piece's sub-epoch on the one flag r -> r+1 (NOTE [ring
+// sub-epochs]). The last step of a bf16/fp16/fp32 output first copies the received running sum
+// into the output (copy lane, while the previous sub-GEMM runs) and accumulates there; an FP8
+// output cannot accumulate, so the last step accumulates in its receive slot and one cast
+// kernel writes the output with scale, scale_inv and amax (max |sum| of the final chunk: the
+// chunk is local by then). With C > 1 compute lanes, sub-GEMM q = s S + k runs on lane q % C.
+//
+// Buffer reuse: every hop has its own receive slot (no slot is written twice in an op, so no
+// per-hop acknowledgement is needed); a peer pushes into our slots only after we acknowledged
+// its op, i.e. after our previous op on this buffer joined (NOTE [buffer reuse]).
+//
+// NOTE [gemm_rs_ring numerics]: chunk c's result is (((p_{c+1} + p_{c+2}) + ...) + p_c), summed
+// in ring order from rank c+1 (so the order differs per chunk, deterministically). Each GEMM
+// accumulates its product in fp32 (cuBLASLt; FP8 with fast_accum as configured; float64 on the
+// host transport) and adds the received running sum at that precision, then rounds the new
+// running sum to the partial dtype (bf16 for FP8 and bf16 outputs): n roundings of running
+// sums, where the pipelined method rounds each of the n partials and then the fp32 sum once.
+// Both errors are a few units of the partial dtype's rounding times the magnitudes involved;
+// the results differ in the last bits, not bit-exact with gemm_rs (the tests allow 2 (n + 1)
+// roundings relative to the largest value).
+void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
+                  const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
+                  const OverlapConfig& config, cudaStream_t stream) {
+  const int r = buf.rank();
+  const int n = buf.size();
+  Transport& t = buf.transport();
+  // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
+  const detail::GemmRsShape shape =
+      detail::check_gemm_rs(buf, a, b, d, out_scale_inv, options, config, kOp);
+  OVERLAP_CHECK(config.ring_subchunks >= 1 && config.ring_subchunks <= kMaxRingSubchunks, kConfig,
+                kOp << ": ring_subchunks must be in [1, " << kMaxRingSubchunks << "], got "
+                    << config.ring_subchunks);
+  const RingPlan plan(buf, a, d, shape, config.ring_subchunks);
+  const int sub = plan.subchunks();
+  detail::check_fits(buf, plan.layout().bytes, kOp);
+  const gemm::GemmTarget target = gemm::gemm_target(t.device());
+  for (int s = 0; s < n; ++s) {
+    for (int k = 0; k < sub; ++k) {
+      gemm::validate_gemm(plan.input(s, k), b, plan.output(s, k), plan.options(options, s), target);
+    }
+  }
+  const int lanes_c = config.compute_lanes;
+  const int split = buf.put_split();
+  std::uint64_t arg = kRingTag;
+  for (std::uint64_t v : {std::uint64_t(a.rows), std::uint64_t(a.cols), std::uint64_t(shape.cols),
+                          std::uint64_t(a.dtype), std::uint64_t(d.dtype), std::uint64_t(sub)}) {
+    arg = mix_arg(arg, v);
+  }
+
+  // ---- the op --------------------------------------------------------------------------------
+  const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream);
+  for (std::uint64_t i = 1; i < gemm_rs_ring_epochs(n); ++i) {  // NOTE [ring sub-epochs]
+    t.note_op(buf, buf.next_epoch(), stream);
+  }
+  const int next = (r + 1) % n;
+  const int prev = (r + n - 1) % n;
+  const int put_lane = lanes_c;           // .. put_lane + split - 1
+  const int copy_lane = lanes_c + split;  // the last step's copies into the output
+  t.fork(stream, lanes_c + split + 1);
+  const std::size_t row_bytes = plan.part_bytes(1);
+  // Host transport: program order. Rank r waits at step s for rank r-1's step s-1 only, which
+  // rank r-1 issues before it waits for anything of step s, so there is no cycle.
+  for (int s = 0; s < n; ++s) {
+    for (int k = 0; k < sub; ++k) {
+      const int q = s * sub + k;
+      const int lane = q % lanes_c;
+      const std::size_t offset = static_cast<std::size_t>(plan.lo(k)) * row_bytes;
+      const std::size_t bytes = plan.part_bytes(plan.rows(k));
+      if (s > 0) {  // piece (s - 1, k) of rank r-1 is in our receive slot of hop s - 1
+        const std::uint64_t piece = epoch + static_cast<std::uint64_t>((s - 1) * sub + k);
+        WaitContext ctx{kOp, r, prev, s, piece, buf.timeout_s()};
+        const char* recv = plan.slot(r, s) + offset;
+        if (plan.writes_output(s)) {
+          t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, copy_lane);
+          t.put(static_cast<char*>(d.data) + offset, recv, bytes, stream, copy_lane);
+          t.lane_wait(stream, lane, copy_lane);
+        } else {
+          t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, lane);
+        }
+      }
+      t.gemm(plan.input(s, k), b, plan.output(s, k), plan.options(options, s), stream, lane);
+      if (s == n - 1) continue;
+      // Push the running sum on to rank r+1's receive slot of hop s, then announce it.
+      const char* src = plan.slot(r, plan.out_slot(s)) + offset;
+      char* dst = plan.slot(next, 1 + s) + offset;
+      const std::size_t slice = (bytes + split - 1) / split;
+      for (int p = 0; p < split; ++p) {
+        const std::size_t begin = std::min(bytes, p * slice);
+        t.lane_wait(stream, put_lane + p, lane);
+        t.put(dst + begin, src + begin, std::min(bytes - begin, slice), stream, put_lane + p);
+      }
+      for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane, put_lane + p);
+      t.signal(buf.flag(next, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(q), stream,
+               put_lane);
+    }
+  }
+  t.join(stream);
+  if (dtype_is_fp8(d.dtype)) {  // the final running sum, cast with scale / scale_inv / amax
+    const void* input = plan.slot(r, plan.final_slot());
+    ReduceOutput o;
+    o.format = d.dtype;
+    o.scale = d.scale;
+    o.scale_inv = out_scale_inv;
+    o.amax = d.amax;
+    o.max_blocks = config.reduce_max_blocks;
+    t.reduce(d.data, &input, 1, static_cast<std::size_t>(shape.m * shape.cols), shape.partial, o,
+             stream);
+  }
+}
+
+}  // namespace overlap::comm
