@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
@@ -133,38 +134,51 @@ void register_comm_ops(py::module_& m) {
       "(slot_bytes, recv_offset, bytes) of NOTE [gemm_rs_ring layout].");
   c.def(
       "ag_gemm",
-      [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,
-         py::handle a_scale_inv, py::handle b_scale_inv, py::handle bias, bool gelu, float alpha,
-         bool fast_accum, int sm_count, int compute_lanes, bool staggered_puts,
-         std::uintptr_t stream) {
+      [](SymmetricBuffer& buf, py::handle a, const py::sequence& b, const py::sequence& out,
+         bool transb, py::handle a_scale_inv, const py::sequence& b_scale_inv,
+         const py::sequence& bias, bool gelu, float alpha, bool fast_accum, int sm_count,
+         int compute_lanes, bool staggered_puts, std::uintptr_t stream) {
         constexpr const char* kOp = "ag_gemm";
-        const auto [ao, bo] = operands(buf, a, a_scale_inv, b, b_scale_inv, transb, kOp);
-        const TensorRef outr = tensor_ref_from_py(out, "output");
-        const auto biasr = optional_tensor_ref_from_py(bias, "bias");
-        const gemm::GemmOutput d = output(buf, outr, kOp);
-        gemm::GemmOptions o;
-        o.alpha = alpha;
-        o.gelu = gelu;
-        o.fast_accum = fast_accum;
-        o.sm_count = sm_count;
-        if (biasr) {
-          OVERLAP_CHECK_ARG(biasr->is_contiguous() && biasr->numel() == d.cols,
-                            kOp << ": bias must be contiguous with " << d.cols << " elements, got "
-                                << biasr->describe());
-          buf.check_tensor(*biasr, "bias");
-          o.bias = biasr->data;
-          o.bias_dtype = biasr->dtype;
+        const std::size_t num = py::len(b);
+        OVERLAP_CHECK_ARG(
+            num >= 1 && py::len(out) == num && py::len(b_scale_inv) == num && py::len(bias) == num,
+            kOp << ": b, out, b_scale_inv and bias take one entry per weight (got " << num << ", "
+                << py::len(out) << ", " << py::len(b_scale_inv) << ", " << py::len(bias) << ")");
+        const TensorRef ar = tensor_ref_from_py(a, "input");
+        const gemm::GemmOperand ao =
+            operand(buf, ar, optional_tensor_ref_from_py(a_scale_inv, "input scale_inv"), false,
+                    kOp, "input");
+        std::vector<comm::AgGemmWeight> weights(num);
+        for (std::size_t i = 0; i < num; ++i) {
+          comm::AgGemmWeight& w = weights[i];
+          const TensorRef br = tensor_ref_from_py(b[i], "weight");
+          w.b = operand(buf, br, optional_tensor_ref_from_py(b_scale_inv[i], "weight scale_inv"),
+                        transb, kOp, "weight");
+          w.d = output(buf, tensor_ref_from_py(out[i], "output"), kOp);
+          w.options.alpha = alpha;
+          w.options.gelu = gelu;
+          w.options.fast_accum = fast_accum;
+          w.options.sm_count = sm_count;
+          if (const auto biasr = optional_tensor_ref_from_py(bias[i], "bias")) {
+            OVERLAP_CHECK_ARG(biasr->is_contiguous() && biasr->numel() == w.d.cols,
+                              kOp << ": bias must be contiguous with " << w.d.cols
+                                  << " elements, got " << biasr->describe());
+            buf.check_tensor(*biasr, "bias");
+            w.options.bias = biasr->data;
+            w.options.bias_dtype = biasr->dtype;
+          }
         }
         py::gil_scoped_release release;
-        comm::ag_gemm(buf, ao, bo, d, o, config(compute_lanes, 0, staggered_puts),
+        comm::ag_gemm(buf, ao, weights, config(compute_lanes, 0, staggered_puts),
                       stream_from_py(stream));
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
-      py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv") = py::none(),
-      py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("alpha") = 1.0f,
+      py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv"),
+      py::arg("bias"), py::arg("gelu") = false, py::arg("alpha") = 1.0f,
       py::arg("fast_accum") = false, py::arg("sm_count") = 0, py::arg("compute_lanes") = 1,
       py::arg("staggered_puts") = false, py::arg("stream") = 0,
-      "out = AllGather(a) @ op(b); see csrc/comm/overlap/overlap_ops.h.");
+      "out[w] = AllGather(a) @ op(b[w]) for every weight w, one gather (b, out, b_scale_inv, "
+      "bias: lists of one entry per weight); see csrc/comm/overlap/overlap_ops.h.");
   c.def(
       "gemm_rs",
       [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,

@@ -4,7 +4,9 @@
 ``M = tp * m`` (every rank gives ``m`` rows). Each peer's shard is pushed into this rank's
 symmetric buffer by the copy engines while earlier chunks are multiplied; the GEMM of chunk
 ``j`` (rank ``j``'s rows) starts as soon as that chunk's flag says it has landed, and writes
-rows ``[j m, (j + 1) m)`` of ``Y`` directly. NOTE [ag_gemm schedule] in
+rows ``[j m, (j + 1) m)`` of ``Y`` directly. Several weights that read the same input (Q, K
+and V, or gate and up) share one gather: ``op(x_shard, [w_q, w_k, w_v])`` multiplies each
+landed chunk by every weight and returns one output per weight. NOTE [ag_gemm schedule] in
 ``csrc/comm/overlap/ag_gemm.cpp`` has the stream timeline.
 
 Stream contract (NOTE [stream contract] in :mod:`overlap.comm.communicator`): on the cuda
@@ -22,15 +24,18 @@ from overlap.errors import InvalidArgumentError, StateError
 from overlap.ops._operands import (
     Operand,
     check_given_buffer,
+    check_pair,
     check_sizes,
     gemm_kwargs,
     is_fp8,
     op_device,
-    prepare,
+    split_operand,
 )
 from overlap.quantization import DirectionFormat, QuantizedTensor
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
 
     from overlap.comm import Communicator, SymmetricBuffer
@@ -106,17 +111,21 @@ class AllGatherGemm:
     def __call__(
         self,
         x_shard: Operand,
-        weight: Operand,
+        weight: Operand | Sequence[Operand],
         *,
-        bias: torch.Tensor | None = None,
+        bias: torch.Tensor | Sequence[torch.Tensor | None] | None = None,
         gelu: bool = False,
         alpha: float = 1.0,
-        out: torch.Tensor | None = None,
+        out: torch.Tensor | Sequence[torch.Tensor] | None = None,
         out_dtype: torch.dtype | None = None,
         fast_accum: bool | None = None,
         sm_count: int = 0,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """COLLECTIVE: ``Y = epilogue(alpha * AllGather(x_shard) @ weight.T + bias)``.
+
+        ``weight`` may be a list or tuple of weights (Q, K and V, or gate and up: GEMMs that
+        read the same input): the input is gathered once, each landed chunk is multiplied by
+        every weight, and one output per weight is returned (NOTE [ag_gemm schedule]).
 
         Args:
             x_shard: this rank's ``[m, K]`` rows (contiguous), of the op's ``dtype``; FP8 as
@@ -125,30 +134,40 @@ class AllGatherGemm:
                 ``m`` may be any count (not a multiple of 128) with ``tp * m <= max_tokens``;
                 every rank passes the same ``m``.
             weight: ``[N, K]`` (a linear layer's weight; unit column stride), the input's
-                dtype, or per-tensor FP8 with an FP8 input.
-            bias: optional ``[N]`` (cuBLASLt's rules: out's dtype, bf16 for FP8 inputs).
-            gelu: tanh-approximated GELU after the bias.
-            alpha: scale of the product.
+                dtype, or per-tensor FP8 with an FP8 input; or a non-empty list/tuple of such
+                weights ``[N_w, K]`` (each FP8 one with its own scale_inv).
+            bias: optional ``[N]`` (cuBLASLt's rules: out's dtype, bf16 for FP8 inputs); with
+                several weights, a list/tuple of one optional bias per weight.
+            gelu: tanh-approximated GELU after the bias (every weight's output).
+            alpha: scale of the product (every weight's).
             out: optional contiguous ``[tp * m, N]`` output (poisoned or not: every row is
-                written).
-            out_dtype: dtype of an allocated output (default: the input's, bfloat16 for FP8).
-                FP8 outputs are not supported.
+                written); with several weights, a list/tuple of one ``[tp * m, N_w]`` per
+                weight.
+            out_dtype: dtype of the allocated outputs (default: the input's, bfloat16 for
+                FP8). FP8 outputs are not supported.
             fast_accum: FP8 only (default on, as :func:`overlap.gemm.gemm`).
             sm_count: SMs the chunk GEMMs plan for (0 = all).
 
         Returns:
-            ``out`` ``[tp * m, N]``. The gathered input stays in the buffer until the next
-            call: :meth:`gathered_input`.
+            ``out`` ``[tp * m, N]``, or a tuple of one output per weight when ``weight`` is a
+            list/tuple. The gathered input stays in the buffer until the next call:
+            :meth:`gathered_input`.
 
         Raises:
-            InvalidArgumentError / UnsupportedHardwareError: before any communication, with
-                the buffer left usable.
+            InvalidArgumentError / UnsupportedHardwareError: before any communication (every
+                weight, bias and output is checked first), with the buffer left usable.
             CommTimeoutError: a peer did not take part in time (cuda: raised by the next op
                 or ``comm.synchronize()``).
         """
         import torch
 
-        a, a_scale_inv, b, b_scale_inv = prepare(_OP, x_shard, weight, self.device)
+        several = isinstance(weight, (list, tuple))
+        weights = list(weight) if several else [weight]  # type: ignore[list-item]
+        biases = _per_weight("bias", bias, several, len(weights))
+        outs = _per_weight("out", out, several, len(weights))
+        if not weights:
+            raise InvalidArgumentError(f"{_OP}: weight is an empty {type(weight).__name__}")
+        a, a_scale_inv = split_operand(_OP, "the input", x_shard)
         m, k = a.shape
         if a.dtype != self.dtype or k != self.in_features or m * self.tp > self.max_tokens:
             raise InvalidArgumentError(
@@ -158,44 +177,52 @@ class AllGatherGemm:
             )
         if not a.is_contiguous():
             raise InvalidArgumentError(f"{_OP}: x_shard must be contiguous")
-        if b.shape[1] != k:
-            raise InvalidArgumentError(
-                f"{_OP}: weight {tuple(b.shape)} must be [N, {k}] (K = x_shard's columns)"
-            )
-        n = b.shape[0]
-        shape = (self.tp * m, n)
-        if out is None:
-            if out_dtype is None:
-                out_dtype = torch.bfloat16 if is_fp8(a.dtype) else a.dtype
-            out = torch.empty(shape, dtype=out_dtype, device=self.device)
-        elif tuple(out.shape) != shape or (out_dtype is not None and out.dtype != out_dtype):
-            raise InvalidArgumentError(
-                f"{_OP}: out must be [{shape[0]}, {shape[1]}]"
-                + (f" of {out_dtype}" if out_dtype is not None else "")
-                + f", got {out.dtype}{list(out.shape)}"
-            )
+        alloc_dtype = out_dtype or (torch.bfloat16 if is_fp8(a.dtype) else a.dtype)
+        bs, b_scale_invs = [], []
+        for i, w in enumerate(weights):
+            op = f"{_OP} (weight {i})" if several else _OP
+            b, b_scale_inv = split_operand(op, "the weight", w)
+            check_pair(op, a, b, self.device)
+            if b.shape[1] != k:
+                raise InvalidArgumentError(
+                    f"{op}: weight {tuple(b.shape)} must be [N, {k}] (K = x_shard's columns)"
+                )
+            shape = (self.tp * m, b.shape[0])
+            o = outs[i]
+            if o is None:
+                outs[i] = torch.empty(shape, dtype=alloc_dtype, device=self.device)
+            elif tuple(o.shape) != shape or (out_dtype is not None and o.dtype != out_dtype):
+                raise InvalidArgumentError(
+                    f"{op}: out must be [{shape[0]}, {shape[1]}]"
+                    + (f" of {out_dtype}" if out_dtype is not None else "")
+                    + f", got {o.dtype}{list(o.shape)}"
+                )
+            bs.append(b)
+            b_scale_invs.append(b_scale_inv)
+        kwargs = gemm_kwargs(
+            a,
+            (a_scale_inv, None),
+            alpha=alpha,
+            fast_accum=fast_accum,
+            sm_count=sm_count,
+            compute_lanes=self.compute_lanes,
+            device=self.device,
+        )
+        kwargs["b_scale_inv"] = b_scale_invs
         native().comm_ops.ag_gemm(
             self.buffer._core,
             a,
-            b,
-            out,
-            bias=bias,
+            bs,
+            outs,
+            bias=biases,
             gelu=gelu,
             staggered_puts=self.staggered_puts,
-            **gemm_kwargs(
-                a,
-                (a_scale_inv, b_scale_inv),
-                alpha=alpha,
-                fast_accum=fast_accum,
-                sm_count=sm_count,
-                compute_lanes=self.compute_lanes,
-                device=self.device,
-            ),
+            **kwargs,
         )
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
         hp_dtype = x_shard.dtype if isinstance(x_shard, QuantizedTensor) else a.dtype
         self._last = (m, hp_dtype, fmt)
-        return out
+        return tuple(outs) if several else outs[0]
 
     def gathered_input(self) -> torch.Tensor | QuantizedTensor:
         """The input gathered by the last call: ``[tp * m, K]``, a view of the buffer (FP8:
@@ -247,3 +274,19 @@ class AllGatherGemm:
         not collective."""
         if self._owns_buffer:
             self.buffer.destroy()
+
+
+def _per_weight(what: str, value: object, several: bool, count: int) -> list:
+    """``value`` as a list of one entry per weight: itself for a single weight; with several
+    weights, ``None`` (none for every weight) or a list/tuple of ``count`` entries."""
+    if not several:
+        return [value]
+    if value is None:
+        return [None] * count
+    if not isinstance(value, (list, tuple)) or len(value) != count:
+        raise InvalidArgumentError(
+            f"{_OP}: with {count} weights, {what} must be None or a list/tuple of {count} "
+            f"entries (one per weight), got {type(value).__name__}"
+            + (f" of {len(value)}" if isinstance(value, (list, tuple)) else "")
+        )
+    return list(value)

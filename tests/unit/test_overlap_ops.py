@@ -159,3 +159,58 @@ def test_rejections_are_typed_and_leave_the_op_usable(comm: Communicator) -> Non
     ring.destroy()
     with pytest.raises(StateError, match="destroyed"):
         ring(x, w)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_several_weights_share_one_gather(comm: Communicator, fp8: bool) -> None:
+    x = rand(21, 64, seed=11)
+    ws = [rand(n, 64, seed=12 + i) * (0.1 + i) for i, n in enumerate((48, 16, 32))]
+    xs = per_tensor(x) if fp8 else x
+    wq = [per_tensor(w) for w in ws] if fp8 else ws  # each weight with its own scale_inv
+    biases = [rand(1, 48, seed=20).view(-1), None, rand(1, 32, seed=21).view(-1)]
+    ag = AllGatherGemm(comm, 24, 64, E4M3 if fp8 else torch.bfloat16, compute_lanes=2)
+    outs = tuple(torch.full((21, w.shape[0]), float("nan"), dtype=torch.bfloat16) for w in ws)
+    got = ag(xs, wq, bias=biases, out=outs)
+    assert isinstance(got, tuple) and all(g is o for g, o in zip(got, outs, strict=True))
+    xd, xsi = (xs.rowwise_data, xs.rowwise_scale_inv) if fp8 else (x, None)
+    for i, (g, w) in enumerate(zip(got, wq, strict=True)):
+        wd, wsi = (w.rowwise_data, w.rowwise_scale_inv) if fp8 else (w, None)
+        want = gemm(
+            xd, wd, transb=True, a_scale_inv=xsi, b_scale_inv=wsi, bias=biases[i],
+            out_dtype=torch.bfloat16,
+        )  # fmt: skip
+        assert torch.equal(g, want), i
+    # A one-element list is a tuple of one; allocated outputs take out_dtype.
+    (one,) = ag(xs, wq[1:2], out_dtype=torch.float32)
+    assert one.dtype == torch.float32 and one.shape == (21, 16)
+    ag.destroy()
+
+
+def test_several_weights_are_all_checked_before_the_op(comm: Communicator) -> None:
+    ag = AllGatherGemm(comm, 32, 64, torch.bfloat16)
+    x, w = rand(8, 64, seed=30), rand(16, 64, seed=31)
+    with pytest.raises(InvalidArgumentError, match="weight is an empty list"):
+        ag(x, [])
+    with pytest.raises(
+        InvalidArgumentError, match=r"\(weight 2\): weight \(16, 32\) must be \[N, 64\]"
+    ):
+        ag(x, [w, w, rand(16, 32, seed=32)])
+    with pytest.raises(
+        InvalidArgumentError, match=r"ag_gemm \(weight 1\): input .* share one dtype"
+    ):
+        ag(x, (w, w.float()))
+    with pytest.raises(InvalidArgumentError, match="bias must be None or a list/tuple of 2"):
+        ag(x, [w, w], bias=[None])
+    with pytest.raises(InvalidArgumentError, match="out must be None or a list/tuple of 2"):
+        ag(x, [w, w], out=torch.empty(8, 16, dtype=torch.bfloat16))
+    with pytest.raises(InvalidArgumentError, match=r"\(weight 1\): out must be \[8, 16\]"):
+        ag(x, [w, w], out=[torch.empty(8, 16, dtype=torch.bfloat16), torch.empty(8, 8)])
+    # The core's own checks name the weight: a float32 bias for bfloat16 outputs.
+    with pytest.raises(InvalidArgumentError, match=r"ag_gemm \(weight 1\): gemm: the bias"):
+        ag(x, [w, w], bias=[None, torch.zeros(16)])
+    with pytest.raises(UnsupportedHardwareError, match=r"\(weight 0\): FP8 outputs"):
+        ag(x, [w, w], out_dtype=E4M3)
+    got = ag(x, [w, w * 2])  # still usable
+    want = gemm(x, w, transb=True)
+    assert torch.equal(got[0], want) and torch.equal(got[1], gemm(x, w * 2, transb=True))
+    ag.destroy()

@@ -1,5 +1,6 @@
 // AG -> GEMM: Y = AllGather(X_shard) @ op(W), each peer's shard multiplied as it arrives.
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "comm/op_protocol.h"
@@ -44,6 +45,38 @@ gemm::GemmOutput chunk_output(const gemm::GemmOutput& d, std::int64_t m, int j) 
   return c;
 }
 
+// The rules of one weight and its output; `index` >= 0 names the weight in messages (several
+// weights), -1 for a single one.
+void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
+                  const AgGemmLayout& l, const AgGemmWeight& x, int index,
+                  const gemm::GemmTarget& target) {
+  const std::string which = index < 0 ? "" : " (weight " + std::to_string(index) + ")";
+  const int n = buf.size();
+  const int r = buf.rank();
+  const std::int64_t m = a_shard.rows;
+  detail::check_scaling(x.b, kOp, "the weight");
+  const gemm::GemmOutput& d = x.d;
+  OVERLAP_CHECK_ARG(d.rows == m * n && d.row_offset == 0,
+                    kOp << which << ": the output must have size * m = " << n << " * " << m << " = "
+                        << m * n << " rows (got " << d.rows << ", row_offset " << d.row_offset
+                        << ")");
+  OVERLAP_CHECK(!dtype_is_fp8(d.dtype), kUnsupported,
+                kOp << which
+                    << ": FP8 outputs are not supported (one amax over the chunk GEMMs is not "
+                       "implemented); use a bfloat16/float16/float32 output");
+  OVERLAP_CHECK_ARG(x.options.beta == 0.0f,
+                    kOp << which << ": beta must be 0 (got " << x.options.beta << ")");
+  for (int j : {r, (r + 1) % n, (r + n - 1) % n}) {  // own shard; buffer slots (first, last)
+    try {
+      gemm::validate_gemm(chunk_operand(buf, a_shard, l, j), x.b, chunk_output(d, m, j), x.options,
+                          target);
+    } catch (const Error& e) {
+      if (index < 0) throw;
+      throw Error(e.kind(), kOp + which + ": " + e.what());
+    }
+  }
+}
+
 }  // namespace
 
 // NOTE [ag_gemm schedule]: one chunk per rank, pushed by copy engines (like all_gather's push
@@ -69,34 +102,39 @@ gemm::GemmOutput chunk_output(const gemm::GemmOutput& d, std::int64_t m, int j) 
 // late peer delays its chunk's GEMM, not the others'. A peer writes into our slots only after
 // we acknowledged this op, i.e. after our previous op's GEMMs (joined into c0 before begin_op)
 // finished reading them (NOTE [buffer reuse]).
+//
+// Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
+// landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
+// own output. GEMM q = s W + w (step s, weight w of W) runs on compute lane q % C, which waits
+// for chunk j's flag before its first GEMM of that chunk.
 void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream) {
+  ag_gemm(buf, a_shard, std::vector<AgGemmWeight>{AgGemmWeight{b, d, options}}, config, stream);
+}
+
+void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
+             const std::vector<AgGemmWeight>& weights, const OverlapConfig& config,
+             cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
   Transport& t = buf.transport();
   // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
-  detail::check_op(buf, config, a_shard, b, kOp);
+  OVERLAP_CHECK_ARG(!weights.empty(), kOp << ": no weight given");
+  detail::check_op(buf, config, a_shard, weights[0].b, kOp);
   OVERLAP_CHECK_ARG(!a_shard.transposed && a_shard.rows >= 1 && a_shard.ld == a_shard.cols,
                     kOp << ": the input shard must be a contiguous [m, k] matrix with m >= 1 (got "
                         << a_shard.rows << " x " << a_shard.cols << ", ld " << a_shard.ld
                         << (a_shard.transposed ? ", transposed" : "") << ")");
   const std::int64_t m = a_shard.rows;
-  OVERLAP_CHECK_ARG(d.rows == m * n && d.row_offset == 0,
-                    kOp << ": the output must have size * m = " << n << " * " << m << " = " << m * n
-                        << " rows (got " << d.rows << ", row_offset " << d.row_offset << ")");
-  OVERLAP_CHECK(!dtype_is_fp8(d.dtype), kUnsupported,
-                kOp << ": FP8 outputs are not supported (one amax over the chunk GEMMs is not "
-                       "implemented); use a bfloat16/float16/float32 output");
-  OVERLAP_CHECK_ARG(options.beta == 0.0f, kOp << ": beta must be 0 (got " << options.beta << ")");
   const bool scaled = a_shard.scaling == gemm::ScalingMode::kTensor;
   const AgGemmLayout l = ag_gemm_layout(
       n, static_cast<std::size_t>(m * a_shard.cols) * dtype_size(a_shard.dtype), scaled);
   detail::check_fits(buf, l.bytes, kOp);
   const gemm::GemmTarget target = gemm::gemm_target(t.device());
-  for (int j : {r, (r + 1) % n, (r + n - 1) % n}) {  // own shard; buffer slots (first, last)
-    gemm::validate_gemm(chunk_operand(buf, a_shard, l, j), b, chunk_output(d, m, j), options,
-                        target);
+  for (std::size_t w = 0; w < weights.size(); ++w) {
+    check_weight(buf, a_shard, l, weights[w], weights.size() > 1 ? static_cast<int>(w) : -1,
+                 target);
   }
   const int lanes_c = config.compute_lanes;
   const int split = buf.put_split();
@@ -141,15 +179,22 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm:
     t.put(own + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float), stream,
           own_lane);
   }
-  // Chunk GEMMs: our own first, then peers r-1, r-2, ... (step s on compute lane s % C).
+  // Chunk GEMMs: our own first, then peers r-1, r-2, ... (GEMM q = s W + w on lane q % C).
+  const int num_weights = static_cast<int>(weights.size());
+  std::vector<int> landed(lanes_c, r);  // per lane: the last chunk it waited for (r: none)
   for (int s = 0; s < n; ++s) {
     const int j = (r + n - s) % n;
-    const int lane = s % lanes_c;
-    if (j != r) {
-      WaitContext ctx{kOp, r, j, s, epoch, buf.timeout_s()};
-      t.wait(buf.flag(r, j, FlagSlot::kData), epoch, ctx, stream, lane);
+    for (int w = 0; w < num_weights; ++w) {
+      const int lane = (s * num_weights + w) % lanes_c;
+      if (j != r && landed[lane] != j) {
+        WaitContext ctx{kOp, r, j, s, epoch, buf.timeout_s()};
+        t.wait(buf.flag(r, j, FlagSlot::kData), epoch, ctx, stream, lane);
+        landed[lane] = j;
+      }
+      const AgGemmWeight& x = weights[w];
+      t.gemm(chunk_operand(buf, a_shard, l, j), x.b, chunk_output(x.d, m, j), x.options, stream,
+             lane);
     }
-    t.gemm(chunk_operand(buf, a_shard, l, j), b, chunk_output(d, m, j), options, stream, lane);
   }
   t.join(stream);
 }

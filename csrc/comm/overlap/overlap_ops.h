@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "comm/symmetric_buffer.h"
 #include "gemm/gemm.h"
@@ -196,5 +197,23 @@ std::uint64_t gemm_rs_ring_epochs(int size);
 void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
                   const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
                   const OverlapConfig& config, cudaStream_t stream);
+
+// ---- AG -> GEMM with several weights sharing one gather (ag_gemm.cpp) --------------------------
+
+// One weight of a multi-weight ag_gemm and its output (Q, K and V, or gate and up: GEMMs that
+// read the same gathered input). Each follows the rules of the single-weight ag_gemm.
+struct AgGemmWeight {
+  gemm::GemmOperand b;
+  gemm::GemmOutput d;
+  gemm::GemmOptions options;
+};
+
+// d_w = AllGather(a_shard) @ op(b_w) for every weight w, with one gather: each chunk, once
+// landed, is multiplied by every weight in turn (NOTE [ag_gemm schedule]). `weights` must not
+// be empty; every weight and output is validated before begin_op. The single-weight ag_gemm
+// above is this call with one weight.
+void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
+             const std::vector<AgGemmWeight>& weights, const OverlapConfig& config,
+             cudaStream_t stream);
 
 }  // namespace overlap::comm

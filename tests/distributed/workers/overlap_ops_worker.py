@@ -152,12 +152,43 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
                 want_scales = all_gather_rows(xs.rowwise_scale_inv.reshape(1), group)
                 assert torch.equal(ag.gathered_scale_invs(), want_scales), "scale_invs"
                 _worker.expect_raises(StateError, "different scale_inv", ag.gathered_input)
+            several_weights(ag, xs, (trial, m, k, nout), use_fp8=use_fp8, tp=tp, gen=gen)
             ag.destroy()
             # ---- GEMM -> RS, both methods ----
             outs = (torch.bfloat16, E4M3) if use_fp8 else (torch.bfloat16, torch.float32)
             for out_dtype in outs:
                 for method in ("pipelined", "ring"):
                     gemm_rs_case(comm, tp, gen, (trial, m, k, nout), (use_fp8, out_dtype, method))
+
+
+def several_weights(
+    ag: AllGatherGemm,
+    xs: object,
+    shape: tuple[int, int, int, int],
+    *,
+    use_fp8: bool,
+    tp: TorchBootstrap,
+    gen: torch.Generator,
+) -> None:
+    """Q/K/V-like weights sharing one gather: each output against its own reference."""
+    trial, m, k, nout = shape
+    n = tp.size
+    widths = (nout, 16 * (1 + trial % 3), 32)
+    ws = [rand(width, k, gen, 0.1 * (i + 1)) for i, width in enumerate(widths)]
+    wq = [fp8(w, 32.0 * (i + 1)) for i, w in enumerate(ws)] if use_fp8 else ws
+    biases = [None, rand(1, widths[1], gen).view(-1), None]
+    outs = [torch.full((n * m, w), POISON, dtype=torch.bfloat16, device=DEVICE) for w in widths]
+    got = ag(xs, wq, out=outs, bias=biases)
+    assert (
+        isinstance(got, tuple)
+        and len(got) == 3
+        and all(g is o for g, o in zip(got, outs, strict=True))
+    )
+    for i, (w, b) in enumerate(zip(wq, biases, strict=True)):
+        want, gathered = all_gather_gemm_reference(xs, w, group=tp.group, bias=b)
+        close(got[i], want, f"ag_gemm trial {trial} fp8={use_fp8} weight {i}", use_fp8)
+    data = ag.buffer.view(E4M3 if use_fp8 else torch.bfloat16, (n * m, k))
+    assert torch.equal(data.view(torch.uint8), gathered.view(torch.uint8)), "gathered (3 weights)"
 
 
 def gemm_rs_case(
@@ -244,7 +275,8 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     ys = [rand(n * m, k, gen) for _ in range(6)]
     zs = [[rand(n * m, k, gen) for _ in range(2)] for _ in range(6)]
     w = rand(nout, k, gen, 0.1)
-    got_ag, got_gathered, got_rs, got_ring = [], [], [], []
+    w2 = rand(16, k, gen, 0.3)
+    got_ag, got_gathered, got_rs, got_ring, got_two = [], [], [], [], []
     side = torch.cuda.Stream(DEVICE) if DEVICE.type == "cuda" else None
     for i in range(6):
         # Odd iterations on a side stream (cuda): the ops follow the caller's current stream.
@@ -253,6 +285,7 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
                 delay(0.04 * (i % 3))
             x = xs[i].clone()
             got_ag.append(ag(x, w).clone())
+            got_two.append([y.clone() for y in ag(x, (w2, w))])  # two weights, one gather
             # Stream order: the op has read its input by now (its copy lanes joined back).
             x.fill_(POISON)
             got_gathered.append(ag.gathered_input().clone())
@@ -273,6 +306,9 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     for i in range(6):
         want, gathered = all_gather_gemm_reference(xs[i], w, group=tp.group)
         close(got_ag[i], want, f"ag_gemm {i} (delayed rank)")
+        close(got_two[i][1], want, f"ag_gemm {i}, weight 1 of 2 (delayed rank)")
+        want2, _ = all_gather_gemm_reference(xs[i], w2, group=tp.group)
+        close(got_two[i][0], want2, f"ag_gemm {i}, weight 0 of 2 (delayed rank)")
         assert torch.equal(got_gathered[i], gathered), f"gathered input {i} corrupted"
         want = gemm_reduce_scatter_reference(ys[i], w, group=tp.group)
         close(got_rs[i], want, f"gemm_rs {i} (delayed rank)")
@@ -301,6 +337,10 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     raises(InvalidArgumentError, "multiple of the TP size", lambda: rs(rand(n * m - 1, k, gen), w))
     raises(InvalidArgumentError, "needs out_scale", lambda: _fp8_rs_without_scale(comm, n, k, gen))
     raises(ConfigError, "compute_lanes", lambda: _bad_lanes(ag, x, w))
+    # Several weights: every one is checked before the op, the last one included.
+    raises(InvalidArgumentError, "(weight 2): weight", lambda: ag(x, [w, w, rand(nout, 16, gen)]))
+    raises(InvalidArgumentError, "(weight 1): gemm: the bias", lambda: _bad_bias(ag, x, w))
+    raises(InvalidArgumentError, "list/tuple of 2", lambda: ag(x, [w, w], out=[None]))
     if DEVICE.type == "cuda":
         raises(InvalidArgumentError, "cuda", lambda: ag(x.cpu(), w.cpu()))
     if DEVICE.type == "cpu":  # op records: best effort on cuda (collectives.cpp NOTE)
@@ -362,6 +402,10 @@ def _bad_lanes(ag: AllGatherGemm, x: torch.Tensor, w: torch.Tensor) -> None:
         ag(x, w)
     finally:
         ag.compute_lanes = lanes
+
+
+def _bad_bias(ag: AllGatherGemm, x: torch.Tensor, w: torch.Tensor) -> None:
+    ag(x, [w, w], bias=[None, torch.ones(w.shape[0], device=DEVICE)])  # float32 bias: refused
 
 
 def _bad_subchunks(rs: GemmReduceScatter, y: torch.Tensor, w: torch.Tensor) -> None:
