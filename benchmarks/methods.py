@@ -258,3 +258,24 @@ register(
     when=_cuda_setting,
 )
 register("gemm_rs", "pipeline", _rs_pipeline, grid(lanes=(1, 2), split=(1, 2)), when=_cuda_setting)
+
+
+def _rs_ring(case: Case, *, lanes: int, subchunks: int) -> Runner:
+    """:class:`~overlap.ops.GemmReduceScatter` with ``method="ring"``: running sums travel the
+    ring and are added by the GEMMs' beta = 1 epilogue (NOTE in ``gemm_rs_ring.cpp``)."""
+    op = case.keep(
+        ("rs_ring", lanes, subchunks),
+        lambda: GemmReduceScatter(
+            case.comm,
+            case.m,
+            case.n,
+            torch.bfloat16,
+            compute_lanes=lanes,
+            method="ring",
+            ring_subchunks=subchunks,
+        ),
+    )
+    return lambda: op(case.a, case.w, out=case.out)
+
+
+register("gemm_rs", "ring", _rs_ring, grid(lanes=(1, 2), subchunks=(2, 4)))
