@@ -38,6 +38,7 @@ def native() -> ModuleType:
     level = settings().log_level
     logger.setLevel(level)
     _C.set_log_level(logging.getLevelName(level))
+    _apply_gemm_autotune(_C, settings().gemm_autotune)
     # NOTE [finalizing]: C++ owners skip driver calls once the interpreter is shutting down.
     atexit.register(_C.mark_process_finalizing)
     info = _C.runtime_info()
@@ -46,6 +47,16 @@ def native() -> ModuleType:
             "overlap built without CUDA support (%s): host transport only", info["no_cuda_reason"]
         )
     return _C
+
+
+def _apply_gemm_autotune(c_module: ModuleType, candidates: int) -> None:
+    """OVERLAP_GEMM_AUTOTUNE -> the core's process-wide setting (0 = off; see overlap.gemm)."""
+    current = c_module.gemm.get_autotune()
+    c_module.gemm.set_autotune(
+        enabled=candidates > 0,
+        max_candidates=candidates if candidates > 0 else current["max_candidates"],
+        rounds=current["rounds"],
+    )
 
 
 @functools.cache

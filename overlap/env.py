@@ -60,6 +60,16 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "CommTimeoutError. Must be > 0.",
     ),
     EnvVar(
+        "OVERLAP_GEMM_AUTOTUNE",
+        "int",
+        "8",
+        Scope.RUNTIME,
+        "cuBLASLt algorithms timed on the first GEMM of each new key (shape, dtypes, layouts, "
+        "epilogue, SM target, alignment); the fastest is cached for the process, so that first "
+        "call is slower. 0 or 1: the heuristic's first algorithm, no tuning (run-to-run "
+        "identical choice). At most 64. overlap.gemm.autotune() pre-tunes at start-up.",
+    ),
+    EnvVar(
         "OVERLAP_BUILD_CUDA",
         "AUTO/ON/OFF",
         "AUTO",
@@ -113,6 +123,22 @@ def _parse_positive_float(name: str, raw: str) -> float:
     return value
 
 
+GEMM_AUTOTUNE_MAX = 64  # mirrors kMaxAutotuneCandidates in csrc/gemm/gemm.h
+
+
+def _parse_autotune(name: str, raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{name}={raw!r} is not an integer; give the number of cuBLASLt candidates to time "
+            "(e.g. 8), or 0 to turn GEMM autotuning off"
+        ) from None
+    if not 0 <= value <= GEMM_AUTOTUNE_MAX:
+        raise ConfigError(f"{name}={raw!r} must be in [0, {GEMM_AUTOTUNE_MAX}] (0 = off)")
+    return value
+
+
 def _parse_log_level(name: str, raw: str) -> str:
     level = raw.strip().upper()
     if level not in _LOG_LEVELS:
@@ -126,6 +152,7 @@ class Settings:
 
     log_level: str = "WARNING"
     timeout_s: float = 60.0
+    gemm_autotune: int = 8
     mpirun: str = "mpirun"
     test_np_timeout_s: float = 180.0
 
@@ -133,6 +160,7 @@ class Settings:
 _PARSERS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "OVERLAP_LOG_LEVEL": ("log_level", _parse_log_level),
     "OVERLAP_TIMEOUT_S": ("timeout_s", _parse_positive_float),
+    "OVERLAP_GEMM_AUTOTUNE": ("gemm_autotune", _parse_autotune),
     "OVERLAP_MPIRUN": ("mpirun", lambda _name, raw: raw),
     "OVERLAP_TEST_NP_TIMEOUT_S": ("test_np_timeout_s", _parse_positive_float),
 }

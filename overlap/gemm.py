@@ -32,20 +32,48 @@ GPU work, naming the argument; calls that are valid but have no kernel raise
 :class:`~overlap.errors.UnsupportedHardwareError`. The C++ header ``csrc/gemm/gemm.h`` has
 the full rules. CUDA calls are enqueued on ``stream`` (default: the current stream) without
 synchronising the host.
+
+Autotuning (NOTE [gemm autotune] in ``csrc/gemm/cuda/autotune.h``): the first CUDA GEMM of
+each key (shape, dtypes, layouts, epilogue, scaling, SM target, leading dimensions, pointer
+alignment) times cuBLASLt's top ``max_candidates`` heuristic algorithms on a private stream,
+writing scratch memory only, and caches the fastest for the process (near-ties go to the
+heuristic's first); that first call is slower (up to a few hundred ms for the largest shapes)
+and synchronises with the tuning stream. Later calls of the key reuse the choice. Tuning never
+happens while the stream is capturing a CUDA graph (the heuristic's first is used, and tuned
+by the next eager call), and results differ from untuned ones only by the algorithm choice.
+It is on by default with 8 candidates; ``OVERLAP_GEMM_AUTOTUNE=0`` or
+:func:`set_autotune_config` turn it off. :func:`autotune` pre-tunes a list of problems at
+start-up, so that no GEMM of a pipelined overlap schedule tunes mid-flight.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal
 
 from overlap._native import native
-from overlap.errors import InvalidArgumentError
+from overlap.errors import ConfigError, InvalidArgumentError
 from overlap.quantization import ScalingMode
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["clear_gemm_cache", "gemm", "gemm_cache_stats", "release_gemm_resources"]
+__all__ = [
+    "AutotuneConfig",
+    "GemmProblem",
+    "TuneResult",
+    "autotune",
+    "clear_gemm_cache",
+    "gemm",
+    "gemm_cache_stats",
+    "get_autotune_config",
+    "release_gemm_resources",
+    "set_autotune_config",
+]
+
+MAX_AUTOTUNE_CANDIDATES = 64  # kMaxAutotuneCandidates in csrc/gemm/gemm.h
+MAX_AUTOTUNE_ROUNDS = 100  # kMaxAutotuneRounds
 
 
 def _is_fp8(dtype: torch.dtype) -> bool:
@@ -140,6 +168,57 @@ def gemm(
     Returns:
         The ``m`` rows of out that were written (a view of out).
     """
+    return _gemm(
+        a,
+        b,
+        transa=transa,
+        transb=transb,
+        out=out,
+        out_dtype=out_dtype,
+        row_offset=row_offset,
+        alpha=alpha,
+        beta=beta,
+        bias=bias,
+        gelu=gelu,
+        a_scale_inv=a_scale_inv,
+        b_scale_inv=b_scale_inv,
+        a_scaling=a_scaling,
+        b_scaling=b_scaling,
+        out_scale=out_scale,
+        out_amax=out_amax,
+        fast_accum=fast_accum,
+        sm_count=sm_count,
+        stream=stream,
+        tune=None,
+    )[0]
+
+
+def _gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    transa: bool = False,
+    transb: bool = False,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    row_offset: int = 0,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    bias: torch.Tensor | None = None,
+    gelu: bool = False,
+    a_scale_inv: torch.Tensor | None = None,
+    b_scale_inv: torch.Tensor | None = None,
+    a_scaling: ScalingMode | None = None,
+    b_scaling: ScalingMode | None = None,
+    out_scale: torch.Tensor | None = None,
+    out_amax: torch.Tensor | None = None,
+    fast_accum: bool | None = None,
+    sm_count: int = 0,
+    stream: torch.cuda.Stream | int | None = None,
+    tune: AutotuneConfig | None,
+) -> tuple[torch.Tensor, dict[str, Any] | None]:
+    """:func:`gemm`; with ``tune``, the key is tuned first (whatever the process-wide
+    switch says) and the record of the tuning is returned too."""
     import torch
 
     for name, t in (("a", a), ("b", b)):
@@ -164,7 +243,7 @@ def gemm(
     b_mode = _scaling_name(b, b_scaling, "b_scaling")
     if fast_accum is None:
         fast_accum = a_mode == ScalingMode.TENSOR.value and b_mode == ScalingMode.TENSOR.value
-    native().gemm.gemm(
+    record = native().gemm.gemm(
         a,
         b,
         out,
@@ -184,19 +263,23 @@ def gemm(
         sm_count=sm_count,
         row_offset=row_offset,
         stream=_stream_handle(stream, a),
+        tune_candidates=0 if tune is None else tune.max_candidates,
+        tune_rounds=0 if tune is None else tune.rounds,
     )
-    return out[row_offset : row_offset + m]
+    return out[row_offset : row_offset + m], record
 
 
 def gemm_cache_stats(device: int | torch.device = 0) -> dict[str, int]:
-    """Counters of the cuBLASLt heuristics cache of a device: ``hits``, ``misses``,
-    ``entries`` (all 0 before the device's first GEMM)."""
+    """Counters of the cuBLASLt algorithm cache of a device (all 0 before its first GEMM):
+    ``hits`` (GEMMs served from the cache), ``misses`` (GEMMs that queried the heuristic, and
+    tuned when autotuning is on), ``entries`` (keys cached), ``tuned`` (keys whose algorithm
+    was chosen by timing)."""
     index = device if isinstance(device, int) else (device.index or 0)
     return dict(native().gemm.cache_stats(index))
 
 
 def clear_gemm_cache() -> None:
-    """Forget every cached cuBLASLt algorithm (and reset the counters)."""
+    """Forget every cached cuBLASLt algorithm, tuned ones included (and reset the counters)."""
     native().gemm.clear_cache()
 
 
@@ -204,3 +287,284 @@ def release_gemm_resources() -> None:
     """Synchronise each device used for GEMMs and release its cuBLASLt handle, workspace
     pool and cache. Idempotent; the next GEMM recreates them."""
     native().gemm.release_resources()
+
+
+# ---- autotuning ----------------------------------------------------------------------------
+
+
+def _check_int(owner: str, name: str, value: object, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"{owner}: {name} must be an int in [{lo}, {hi}], got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AutotuneConfig:
+    """Process-wide lazy autotuning of new GEMM keys (see the module docstring).
+
+    Attributes:
+        enabled: tune a key on its first GEMM; False: the heuristic's first algorithm.
+        max_candidates: heuristic algorithms timed per key, 1..64 (1 = no tuning).
+        rounds: timed runs of each candidate (after one warm-up run), 1..100; the median
+            decides.
+    """
+
+    enabled: bool = True
+    max_candidates: int = 8
+    rounds: int = 5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"AutotuneConfig: enabled must be a bool, got {self.enabled!r}")
+        _check_int(
+            "AutotuneConfig", "max_candidates", self.max_candidates, 1, MAX_AUTOTUNE_CANDIDATES
+        )
+        _check_int("AutotuneConfig", "rounds", self.rounds, 1, MAX_AUTOTUNE_ROUNDS)
+
+
+def get_autotune_config() -> AutotuneConfig:
+    """The process-wide autotuning configuration (initially from ``OVERLAP_GEMM_AUTOTUNE``)."""
+    return AutotuneConfig(**native().gemm.get_autotune())
+
+
+def set_autotune_config(config: AutotuneConfig) -> AutotuneConfig:
+    """Set the process-wide autotuning configuration; returns the previous one.
+
+    Applies to keys tuned from now on: cached choices stay (:func:`clear_gemm_cache` drops
+    them). Keys cached untuned (while tuning was off) are tuned by their next GEMM once it is
+    on again.
+
+    Raises:
+        ConfigError: ``config`` is not an :class:`AutotuneConfig`.
+    """
+    if not isinstance(config, AutotuneConfig):
+        raise ConfigError(
+            f"set_autotune_config: expected an overlap.gemm.AutotuneConfig, got {config!r:.80}"
+        )
+    previous = get_autotune_config()
+    native().gemm.set_autotune(
+        enabled=config.enabled, max_candidates=config.max_candidates, rounds=config.rounds
+    )
+    return previous
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmProblem:
+    """One GEMM key to pre-tune: the arguments of :func:`gemm` that decide the algorithm.
+
+    The tensors :func:`autotune` makes for it are contiguous and 256-byte aligned (like
+    torch's allocations and the row chunks of the overlap ops for the shapes of DESIGN.md
+    §6), so the key matches a :func:`gemm` call with contiguous tensors of these shapes.
+
+    Attributes:
+        m, n, k: ``op(a)`` is ``[m, k]``, ``op(b)`` is ``[k, n]``, the output ``[m, n]``.
+        dtype: dtype of a (and of b unless ``b_dtype``); default bfloat16.
+        b_dtype: dtype of b when it differs (FP8 e4m3 x e5m2).
+        out_dtype: as :func:`gemm`: default a's dtype (bfloat16 for FP8 inputs).
+        transa, transb: as :func:`gemm` (a linear layer's forward: ``transb=True``).
+        a_scaling, b_scaling: FP8 scaling modes (default ``TENSOR``).
+        bias_dtype: dtype of a bias, or None for no bias.
+        gelu: GELU epilogue.
+        accumulate: ``beta=1`` into an existing output (non-FP8 outputs).
+        out_amax: FP8 outputs: with an amax.
+        fast_accum: as :func:`gemm` (None: on for per-tensor FP8).
+        sm_count: SM target as :func:`gemm` (0 = all SMs).
+    """
+
+    m: int
+    n: int
+    k: int
+    dtype: torch.dtype | None = None
+    b_dtype: torch.dtype | None = None
+    out_dtype: torch.dtype | None = None
+    transa: bool = False
+    transb: bool = False
+    a_scaling: ScalingMode | None = None
+    b_scaling: ScalingMode | None = None
+    bias_dtype: torch.dtype | None = None
+    gelu: bool = False
+    accumulate: bool = False
+    out_amax: bool = False
+    fast_accum: bool | None = None
+    sm_count: int = 0
+
+    def __post_init__(self) -> None:
+        import torch
+
+        for name in ("m", "n", "k"):
+            _check_int("GemmProblem", name, getattr(self, name), 1, 2**31 - 1)
+        _check_int("GemmProblem", "sm_count", self.sm_count, 0, 2**31 - 1)
+        if self.dtype is None:
+            object.__setattr__(self, "dtype", torch.bfloat16)
+        for name in ("dtype", "b_dtype", "out_dtype", "bias_dtype"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, torch.dtype):
+                raise ConfigError(f"GemmProblem: {name} must be a torch.dtype, got {value!r}")
+        for name in ("transa", "transb", "gelu", "accumulate", "out_amax"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"GemmProblem: {name} must be a bool, got {getattr(self, name)!r}"
+                )
+        if self.fast_accum is not None and not isinstance(self.fast_accum, bool):
+            raise ConfigError(
+                f"GemmProblem: fast_accum must be a bool or None, got {self.fast_accum!r}"
+            )
+        for name in ("a_scaling", "b_scaling"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, ScalingMode):
+                raise ConfigError(
+                    f"GemmProblem: {name} must be an overlap.quantization.ScalingMode, "
+                    f"got {value!r}"
+                )
+
+    @classmethod
+    def linear(cls, tokens: int, in_features: int, out_features: int, **kwargs: Any) -> GemmProblem:
+        """A linear layer's forward ``y [tokens, out] = x [tokens, in] @ w [out, in]^T``."""
+        return cls(tokens, out_features, in_features, transb=True, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    """What :func:`autotune` did for one problem.
+
+    Attributes:
+        problem: the problem.
+        status: ``"tuned"`` (timed now), ``"cached"`` (the key was already tuned: its stored
+            timings), or ``"untuned"`` (see ``note``: the heuristic's first is used).
+        chosen: index, in the heuristic's order, of the algorithm now cached.
+        times_ms: median milliseconds of each candidate in the heuristic's order (None: it
+            could not run); empty when untuned.
+        note: why a problem is untuned, or which candidates could not run.
+    """
+
+    problem: GemmProblem
+    status: Literal["tuned", "cached", "untuned"]
+    chosen: int
+    times_ms: tuple[float | None, ...]
+    note: str
+
+    @property
+    def speedup(self) -> float | None:
+        """The heuristic's first time over the chosen one's (>= 1), when both ran."""
+        if not self.times_ms or self.times_ms[0] is None or self.times_ms[self.chosen] is None:
+            return None
+        return self.times_ms[0] / self.times_ms[self.chosen]
+
+
+def _problem_tensors(p: GemmProblem, device: torch.device) -> dict[str, Any]:
+    """Random inputs (and an output) of p's shapes on device, as gemm() keywords."""
+    import torch
+
+    def matrix(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        x = torch.randn(rows, cols, device=device)
+        return (x if _is_fp8(dtype) else x * 0.1).to(dtype)
+
+    def scale_inv(data: torch.Tensor, mode: ScalingMode | None) -> torch.Tensor | None:
+        if not _is_fp8(data.dtype):
+            return None
+        rows, cols = data.shape
+        if mode in (None, ScalingMode.TENSOR):
+            shape = (1,)
+        elif mode == ScalingMode.BLOCK_1X128:
+            shape = (rows, -(-cols // 128))
+        elif mode == ScalingMode.BLOCK_128X128:
+            shape = (-(-rows // 128), -(-cols // 128))
+        else:
+            shape = (1,)  # MXFP8: the GEMM refuses it, naming the fallback
+        return torch.rand(shape, device=device) * 0.01 + 0.005
+
+    b_dtype = p.b_dtype or p.dtype
+    a = matrix(*((p.k, p.m) if p.transa else (p.m, p.k)), p.dtype)
+    b = matrix(*((p.n, p.k) if p.transb else (p.k, p.n)), b_dtype)
+    out_dtype = p.out_dtype or (torch.bfloat16 if _is_fp8(p.dtype) else p.dtype)
+    out = (
+        matrix(p.m, p.n, out_dtype)
+        if p.accumulate
+        else torch.empty(p.m, p.n, dtype=out_dtype, device=device)
+    )
+    kw: dict[str, Any] = {
+        "transa": p.transa,
+        "transb": p.transb,
+        "out": out,
+        "beta": 1.0 if p.accumulate else 0.0,
+        "gelu": p.gelu,
+        "a_scaling": p.a_scaling,
+        "b_scaling": p.b_scaling,
+        "a_scale_inv": scale_inv(a, p.a_scaling),
+        "b_scale_inv": scale_inv(b, p.b_scaling),
+        "fast_accum": p.fast_accum,
+        "sm_count": p.sm_count,
+    }
+    if p.bias_dtype is not None:
+        kw["bias"] = (torch.randn(p.n, device=device) * 0.1).to(p.bias_dtype)
+    if _is_fp8(out_dtype):
+        kw["out_scale"] = torch.ones(1, device=device)
+        if p.out_amax:
+            kw["out_amax"] = torch.zeros(1, device=device)
+    return {"a": a, "b": b, **kw}
+
+
+def autotune(
+    problems: Iterable[GemmProblem],
+    *,
+    device: int | torch.device | None = None,
+    max_candidates: int | None = None,
+    rounds: int | None = None,
+) -> list[TuneResult]:
+    """Pre-tune GEMM keys, e.g. at start-up before the first pipelined overlap op.
+
+    Each problem runs once on random inputs of its shapes; its key is tuned whatever the
+    process-wide switch says (keys already tuned are reported as ``"cached"``; call
+    :func:`clear_gemm_cache` first to re-tune). Later :func:`gemm` calls and overlap-op GEMMs
+    of the same keys hit the cache. Synchronises the current stream of the device before each
+    problem, so that the timings see a quiet stream; work queued on other streams competes
+    with them. Must not be called while a stream of the device is capturing a CUDA graph.
+
+    Args:
+        problems: the keys to tune.
+        device: CUDA device (default: the current one).
+        max_candidates, rounds: override the process-wide :class:`AutotuneConfig` values.
+
+    Returns:
+        One :class:`TuneResult` per problem, in order.
+
+    Raises:
+        ConfigError: a problem or override is invalid.
+        InvalidArgumentError / UnsupportedHardwareError: a problem is not a valid GEMM on
+            this device (as :func:`gemm` would raise).
+        UnsupportedHardwareError: no CUDA device.
+    """
+    import torch
+
+    from overlap._native import require_cuda
+
+    problems = list(problems)
+    for p in problems:
+        if not isinstance(p, GemmProblem):
+            raise ConfigError(f"autotune: expected overlap.gemm.GemmProblem items, got {p!r:.80}")
+    current = get_autotune_config()
+    config = AutotuneConfig(
+        enabled=True,
+        max_candidates=current.max_candidates if max_candidates is None else max_candidates,
+        rounds=current.rounds if rounds is None else rounds,
+    )
+    if device is None:
+        require_cuda("overlap.gemm.autotune")
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if dev.type != "cuda":
+            raise InvalidArgumentError(f"autotune: device must be a CUDA device, got {device!r}")
+        require_cuda("overlap.gemm.autotune")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    results = []
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream(dev)
+        for p in problems:
+            t = _problem_tensors(p, dev)
+            stream.synchronize()
+            _, record = _gemm(t.pop("a"), t.pop("b"), **t, stream=stream, tune=config)
+            times = tuple(None if ms < 0 else ms for ms in record["times_ms"])
+            results.append(TuneResult(p, record["status"], record["chosen"], times, record["note"]))
+            del t
+    return results

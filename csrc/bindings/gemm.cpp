@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <utility>
 
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
@@ -33,6 +34,26 @@ gemm::ScalingMode scaling_from_py(const std::string& name, const char* what) {
                                               "block_1x128, block_128x128, mxfp8_*)");
 }
 
+const char* tune_status_name(gemm::TuneStatus status) {
+  switch (status) {
+    case gemm::TuneStatus::kCached:
+      return "cached";
+    case gemm::TuneStatus::kTuned:
+      return "tuned";
+    case gemm::TuneStatus::kUntuned:
+      return "untuned";
+  }
+  return "unknown";
+}
+
+py::dict autotune_to_py(const gemm::AutotuneConfig& c) {
+  py::dict d;
+  d["enabled"] = c.enabled;
+  d["max_candidates"] = c.max_candidates;
+  d["rounds"] = c.rounds;
+  return d;
+}
+
 }  // namespace
 
 void register_gemm(py::module_& m) {
@@ -43,7 +64,8 @@ void register_gemm(py::module_& m) {
          py::handle a_scale_inv, py::handle b_scale_inv, const std::string& a_scaling,
          const std::string& b_scaling, float alpha, float beta, py::handle bias, bool gelu,
          py::handle out_scale, py::handle out_amax, bool fast_accum, int sm_count,
-         std::int64_t row_offset, std::uintptr_t stream) {
+         std::int64_t row_offset, std::uintptr_t stream, int tune_candidates,
+         int tune_rounds) -> py::object {
         const TensorRef ar = tensor_ref_from_py(a, "a");
         const TensorRef br = tensor_ref_from_py(b, "b");
         const TensorRef outr = tensor_ref_from_py(out, "out");
@@ -65,8 +87,26 @@ void register_gemm(py::module_& m) {
         o.options.sm_count = sm_count;
         const gemm::GemmTensors t{&ar,      &br,        &outr,   ptr(asi),
                                   ptr(bsi), ptr(biasr), ptr(os), ptr(oa)};
-        py::gil_scoped_release release;
-        gemm::gemm(t, o, stream_from_py(stream));
+        if (tune_candidates == 0) {
+          py::gil_scoped_release release;
+          gemm::gemm(t, o, stream_from_py(stream));
+          return py::none();
+        }
+        gemm::GemmTuneRecord record;
+        const gemm::TuneRequest request{{true, tune_candidates, tune_rounds}, &record};
+        gemm::validate_autotune_config(request.config);
+        {
+          py::gil_scoped_release release;
+          gemm::gemm(t, o, stream_from_py(stream), &request);
+        }
+        py::dict r;
+        r["status"] = tune_status_name(record.status);
+        r["chosen"] = record.chosen;
+        py::list times;
+        for (double ms : record.times_ms) times.append(ms);
+        r["times_ms"] = times;
+        r["note"] = record.note;
+        return std::move(r);
       },
       py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(), py::arg("transa") = false,
       py::arg("transb") = false, py::arg("a_scale_inv") = py::none(),
@@ -74,9 +114,22 @@ void register_gemm(py::module_& m) {
       py::arg("b_scaling") = "none", py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
       py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("out_scale") = py::none(),
       py::arg("out_amax") = py::none(), py::arg("fast_accum") = false, py::arg("sm_count") = 0,
-      py::arg("row_offset") = 0, py::arg("stream") = 0,
+      py::arg("row_offset") = 0, py::arg("stream") = 0, py::arg("tune_candidates") = 0,
+      py::arg("tune_rounds") = 0,
       "out[row_offset:row_offset+m] = epilogue(alpha op(a) @ op(b) + beta out + bias); see "
-      "csrc/gemm/gemm.h.");
+      "csrc/gemm/gemm.h. tune_candidates > 0: tune the key first with that many candidates and "
+      "tune_rounds rounds, whatever the process-wide setting, and return what tuning did (a "
+      "dict: status, chosen, times_ms, note); otherwise None.");
+  g.def(
+      "set_autotune",
+      [](bool enabled, int max_candidates, int rounds) {
+        gemm::gemm_set_autotune({enabled, max_candidates, rounds});
+      },
+      py::arg("enabled"), py::arg("max_candidates"), py::arg("rounds"),
+      "Process-wide lazy autotuning of new GEMM keys (validated; ConfigError).");
+  g.def(
+      "get_autotune", [] { return autotune_to_py(gemm::gemm_autotune()); },
+      "The process-wide autotuning configuration: enabled, max_candidates, rounds.");
   g.def(
       "cache_stats",
       [](int device) {
@@ -85,9 +138,10 @@ void register_gemm(py::module_& m) {
         d["hits"] = s.hits;
         d["misses"] = s.misses;
         d["entries"] = s.entries;
+        d["tuned"] = s.tuned;
         return d;
       },
-      py::arg("device"), "Heuristic-cache counters of a device: hits, misses, entries.");
+      py::arg("device"), "Algorithm-cache counters of a device: hits, misses, entries, tuned.");
   g.def("clear_cache", &gemm::gemm_clear_cache, "Drop every cached cuBLASLt algorithm.");
   g.def(
       "release_resources",

@@ -42,6 +42,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/stream.h"
@@ -128,11 +130,55 @@ GemmTarget gemm_target(int device);
 void gemm_host(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
                const GemmOptions& options);
 
+// ---- algorithm autotuning (NOTE [gemm autotune] in gemm/cuda/autotune.h) ------------------
+
+// How a GEMM key that is not yet tuned picks its cuBLASLt algorithm: the fastest of the
+// heuristic's first `max_candidates` results, each timed `rounds` times (after one warm-up
+// run), or (disabled, or max_candidates == 1) the heuristic's first result.
+struct AutotuneConfig {
+  bool enabled = true;
+  int max_candidates = 8;
+  int rounds = 5;
+};
+constexpr int kMaxAutotuneCandidates = 64;
+constexpr int kMaxAutotuneRounds = 100;
+
+// Throws kConfig naming the field when a value is out of range (1..kMaxAutotuneCandidates,
+// 1..kMaxAutotuneRounds).
+void validate_autotune_config(const AutotuneConfig& config);
+
+// The process-wide configuration of lazy tuning (a GEMM whose key misses the cache tunes it
+// first). Validated; applies to keys tuned after the call, cached choices stay.
+void gemm_set_autotune(const AutotuneConfig& config);
+AutotuneConfig gemm_autotune();
+
+enum class TuneStatus : int {
+  kCached = 0,   // the key was already tuned: its stored result, nothing timed now
+  kTuned = 1,    // timed now
+  kUntuned = 2,  // not tuned (see note): the heuristic's first result was used
+};
+
+// What tuning did for one GEMM key.
+struct GemmTuneRecord {
+  TuneStatus status = TuneStatus::kUntuned;
+  int chosen = 0;                // index, in heuristic order, of the algorithm now cached
+  std::vector<double> times_ms;  // median per candidate, heuristic order; < 0: it failed to run
+  std::string note;              // why a key is untuned / which candidates failed
+};
+
+// A request to tune (pre-tuning at start-up) with an explicit configuration, whatever the
+// process-wide one says; the outcome goes into *record.
+struct TuneRequest {
+  AutotuneConfig config;
+  GemmTuneRecord* record = nullptr;
+};
+
 #ifdef OVERLAP_WITH_CUDA
-// cuBLASLt on `device`, enqueued on `stream` with no host synchronisation. All pointers are
-// device memory of `device`.
+// cuBLASLt on `device`, enqueued on `stream` with no host synchronisation (except the one-off
+// tuning of a new key, NOTE [gemm autotune]). All pointers are device memory of `device`.
 void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
-               const GemmOptions& options, int device, cudaStream_t stream);
+               const GemmOptions& options, int device, cudaStream_t stream,
+               const TuneRequest* tune = nullptr);
 #endif
 
 // ---- tensor front end (what the bindings call) ------------------------------------------
@@ -161,18 +207,20 @@ struct GemmTensorOptions {
 };
 
 // Validates the tensors (devices, strides, scale shapes), then runs gemm_host for CPU tensors
-// and gemm_cuda for CUDA tensors.
-void gemm(const GemmTensors& t, const GemmTensorOptions& o, cudaStream_t stream);
+// and gemm_cuda for CUDA tensors (with `tune`, see TuneRequest; CPU tensors record kUntuned).
+void gemm(const GemmTensors& t, const GemmTensorOptions& o, cudaStream_t stream,
+          const TuneRequest* tune = nullptr);
 
 // ---- CUDA resources (per device) ----------------------------------------------------------
 
 struct GemmCacheStats {
-  std::int64_t hits = 0;
-  std::int64_t misses = 0;
-  std::int64_t entries = 0;
+  std::int64_t hits = 0;     // GEMMs served from the cache (no heuristic query, no tuning)
+  std::int64_t misses = 0;   // GEMMs that queried the heuristic (and tuned, when enabled)
+  std::int64_t entries = 0;  // keys cached
+  std::int64_t tuned = 0;    // keys whose algorithm was timed among candidates
 };
 
-// Heuristic-cache counters of `device` (all zero before its first GEMM, and without CUDA).
+// Algorithm-cache counters of `device` (all zero before its first GEMM, and without CUDA).
 GemmCacheStats gemm_cache_stats(int device);
 
 // Drops every cached algorithm (counters included) of every device.

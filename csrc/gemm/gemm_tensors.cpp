@@ -71,7 +71,8 @@ GemmOperand operand(const TensorRef& t, const TensorRef* scale_inv, ScalingMode 
 
 }  // namespace
 
-void gemm(const GemmTensors& t, const GemmTensorOptions& o, cudaStream_t stream) {
+void gemm(const GemmTensors& t, const GemmTensorOptions& o, cudaStream_t stream,
+          const TuneRequest* tune) {
   OVERLAP_CHECK_ARG(t.a != nullptr && t.b != nullptr && t.out != nullptr,
                     kOp << ": a, b and out are required");
   const GemmOperand a = operand(*t.a, t.a_scale_inv, o.a_scaling, o.transa, "a", "a_scale_inv");
@@ -115,10 +116,13 @@ void gemm(const GemmTensors& t, const GemmTensorOptions& o, cudaStream_t stream)
   }
   if (t.a->on_host()) {
     gemm_host(a, b, d, options);
+    if (tune != nullptr && tune->record != nullptr) {
+      *tune->record = GemmTuneRecord{TuneStatus::kUntuned, 0, {}, "the host reference"};
+    }
     return;
   }
 #ifdef OVERLAP_WITH_CUDA
-  gemm_cuda(a, b, d, options, t.a->device, stream);
+  gemm_cuda(a, b, d, options, t.a->device, stream, tune);
 #else
   OVERLAP_THROW(kUnsupported,
                 kOp << " on " << t.a->describe() << ": this build of overlap has no CUDA support");

@@ -248,16 +248,21 @@ def test_sm_count_target_runs_and_is_correct(sm_count) -> None:
         gemm(a.cuda(), b.cuda(), transb=True, sm_count=too_many)
 
 
+def counts(device: int) -> tuple[int, int, int]:
+    s = gemm_cache_stats(device)
+    return s["hits"], s["misses"], s["entries"]
+
+
 def test_heuristics_cache_hits_for_repeated_problems() -> None:
     clear_gemm_cache()
     a = varied(M, K, seed=34, dtype=torch.bfloat16).cuda()
     b = varied(N, K, seed=35, dtype=torch.bfloat16).cuda()
     device = torch.cuda.current_device()
     gemm(a, b, transb=True)
-    assert gemm_cache_stats(device) == {"hits": 0, "misses": 1, "entries": 1}
+    assert counts(device) == (0, 1, 1)
     for _ in range(3):
         gemm(a, b, transb=True)
-    assert gemm_cache_stats(device) == {"hits": 3, "misses": 1, "entries": 1}
+    assert counts(device) == (3, 1, 1)
     gemm(a[: M // 2], b, transb=True)  # another shape: another entry
     assert gemm_cache_stats(device)["entries"] == 2
     gemm(a, b, transb=True, sm_count=16)  # the SM target changes the plan: another entry

@@ -156,7 +156,7 @@ def test_block_scaled_fp8_with_partial_blocks(a_mode, b_mode, out_dtype) -> None
 
 def test_cache_stats_are_zero_without_gpu_gemms() -> None:
     stats = gemm_cache_stats(0)
-    assert set(stats) == {"hits", "misses", "entries"}
+    assert set(stats) == {"hits", "misses", "entries", "tuned"}
 
 
 # ---- argument validation --------------------------------------------------------------------

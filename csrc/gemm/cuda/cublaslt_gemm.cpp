@@ -27,12 +27,20 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/cuda/cuda_check.h"
 #include "common/cuda/device_guard.h"
 #include "common/errors.h"
+#include "gemm/cuda/autotune.h"
 #include "gemm/cuda/gemm_context.h"
 #include "gemm/cuda/scale_layout.h"
 #include "gemm/gemm.h"
@@ -130,6 +138,11 @@ std::size_t round_up(std::size_t x, std::size_t to) {
   return (x + to - 1) / to * to;
 }
 
+// Block-scaled operands come in pairs (validate_gemm), so one operand tells.
+bool block_scaled(const GemmOperand& x) {
+  return x.scaling == ScalingMode::kBlock1x128 || x.scaling == ScalingMode::kBlock128x128;
+}
+
 // Bytes of cuBLASLt-layout block scales for operand x (0 when its scales pass through).
 std::size_t staged_scale_bytes(const GemmOperand& x) {
   const std::int64_t kblocks = (x.cols + kBlock - 1) / kBlock;
@@ -173,16 +186,150 @@ std::string describe(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
   return oss.str();
 }
 
+// The four matrix layouts of a call, in cuBLAS terms (A = our B, B = our A).
+struct Layouts {
+  cublasLtMatrixLayout_t a, b, c, d;
+};
+
+// Minimum alignments (bytes) of A, B, C, D in cuBLAS terms.
+struct Alignments {
+  std::uint32_t a, b, c, d;
+};
+
+// The heuristic's first `count` algorithms for the call (at least one, or kUnsupported).
+std::vector<cublasLtMatmulHeuristicResult_t> query_heuristics(
+    const GemmContext& ctx, const MatmulDesc& desc, const Layouts& l, int count,
+    const Alignments& align, const std::function<std::string()>& what) {
+  MatmulPreference pref;
+  OVERLAP_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(pref.out()));
+  set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
+  set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align.a);
+  set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align.b);
+  set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align.c);
+  set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align.d);
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<std::size_t>(count));
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      ctx.handle(), desc.get(), l.a, l.b, l.c, l.d, pref.get(), count, results.data(), &found);
+  OVERLAP_CHECK(st != CUBLAS_STATUS_NOT_SUPPORTED && found > 0, kUnsupported,
+                "gemm: cuBLASLt " << cublasLtGetVersion() << " has no algorithm for " << what()
+                                  << " on sm_" << ctx.target().cc_major << ctx.target().cc_minor
+                                  << " (status " << detail::cublas_status_string(st) << ")");
+  OVERLAP_CHECK_CUBLAS(st);
+  results.resize(static_cast<std::size_t>(found));
+  return results;
+}
+
+// What the candidates of a tuning compute: the real call's operands, into scratch.
+struct TuneProblem {
+  const GemmOperand& a;
+  const GemmOperand& b;
+  const GemmOutput& d;
+  GemmShape s;
+  float alpha;
+  float beta;
+};
+
+// NOTE [gemm autotune]: times the candidates `h` on the context's tuning stream, writing
+// scratch memory only, and returns the settled entry of the key. Leaves the descriptor's
+// amax and block-scale pointers on the (freed) scratch: the real call sets them again.
+AlgoEntry tune_key(GemmContext& ctx, const AutotuneConfig& config,
+                   const std::vector<cublasLtMatmulHeuristicResult_t>& h, const TuneProblem& p,
+                   const MatmulDesc& desc, const Layouts& l,
+                   const std::function<std::string()>& what) {
+  AlgoEntry entry;
+  entry.algo = h[0].algo;
+  entry.settled = true;
+  GemmTuneRecord& rec = entry.record;
+  const int count = static_cast<int>(h.size());
+  if (count == 1) {
+    rec.note = "the heuristic returned a single algorithm";
+    return entry;
+  }
+  TuneResources& res = ctx.tune_resources();
+  const cudaStream_t ts = res.stream.get();
+  const bool fp8_out = dtype_is_fp8(p.d.dtype);
+  // D is column-major [n, m] with leading dimension ld: m - 1 full columns and one of n.
+  const std::size_t d_bytes =
+      static_cast<std::size_t>((p.s.m - 1) * p.d.ld + p.s.n) * dtype_size(p.d.dtype);
+  const std::size_t d_off = kWorkspaceBytes;
+  const std::size_t amax_off = d_off + round_up(d_bytes, kScratchAlign);
+  const std::size_t a_off = amax_off + kScratchAlign;
+  const std::size_t b_off = a_off + round_up(staged_scale_bytes(p.a), kScratchAlign);
+  const std::size_t total = b_off + round_up(staged_scale_bytes(p.b), kScratchAlign);
+  {
+    std::unique_ptr<ScratchBuffer> scratch = ScratchBuffer::try_create(res.pool.get(), total, ts);
+    if (!scratch) {
+      std::ostringstream note;
+      note << "no device memory for the tuning scratch (" << total << " bytes)";
+      rec.note = note.str();
+      OVERLAP_WARN("gemm autotune: " << what() << ": " << rec.note
+                                     << "; keeping the heuristic's first algorithm");
+      return entry;
+    }
+    char* base = scratch->data();
+    void* d_scratch = base + d_off;
+    const void* c_scratch = fp8_out ? nullptr : d_scratch;  // beta != 0: in place, as for real
+    if (p.d.amax != nullptr) {
+      set(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(base + amax_off));
+    }
+    if (block_scaled(p.a)) {
+      const float* a_scales = stage_scales(p.a, reinterpret_cast<float*>(base + a_off), ts);
+      const float* b_scales = stage_scales(p.b, reinterpret_cast<float*>(base + b_off), ts);
+      set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b_scales));
+      set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a_scales));
+    }
+    const auto launch = [&](int i) {
+      const cublasLtMatmulHeuristicResult_t& r = h[static_cast<std::size_t>(i)];
+      if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > kWorkspaceBytes) return false;
+      const cublasStatus_t st =
+          cublasLtMatmul(ctx.handle(), desc.get(), &p.alpha, p.b.data, l.a, p.a.data, l.b, &p.beta,
+                         c_scratch, l.c, d_scratch, l.d, &r.algo, base, kWorkspaceBytes, ts);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        (void)cudaGetLastError();  // a refused launch is not the caller's error
+        return false;
+      }
+      return true;
+    };
+    rec.times_ms = time_candidates(count, config.rounds, ts, launch);
+  }  // the scratch goes back to the tuning pool, stream-ordered
+  OVERLAP_CHECK_CUDA(cudaStreamSynchronize(ts));
+  OVERLAP_CHECK_CUDA(cudaMemPoolTrimTo(res.pool.get(), 0));  // and from there to the device
+
+  const int failed = static_cast<int>(
+      std::count_if(rec.times_ms.begin(), rec.times_ms.end(), [](double t) { return t < 0; }));
+  const int best = pick_fastest(rec.times_ms);
+  if (best < 0) {
+    rec.note = "no candidate could run; keeping the heuristic's first algorithm";
+    OVERLAP_WARN("gemm autotune: " << what() << ": " << rec.note);
+    return entry;
+  }
+  rec.status = TuneStatus::kTuned;
+  rec.chosen = best;
+  entry.algo = h[static_cast<std::size_t>(best)].algo;
+  std::ostringstream msg;
+  if (failed > 0) {
+    msg << failed << " of " << count << " candidates could not run";
+    rec.note = msg.str();
+    msg.str("");
+  }
+  msg << "gemm autotune: " << what() << ": candidate " << best << " of " << count << " ("
+      << rec.times_ms[static_cast<std::size_t>(best)] << " ms; the heuristic's first "
+      << rec.times_ms[0] << " ms)";
+  if (!rec.note.empty()) msg << "; " << rec.note;
+  log_message(LogLevel::kInfo, msg.str());
+  return entry;
+}
+
 }  // namespace
 
 void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
-               const GemmOptions& o, int device, cudaStream_t stream) {
+               const GemmOptions& o, int device, cudaStream_t stream, const TuneRequest* tune) {
   std::shared_ptr<GemmContext> ctx = gemm_context(device);
   const GemmShape s = validate_gemm(a, b, d, o, ctx->target());
   const bool fp8 = dtype_is_fp8(a.dtype);
   const bool fp8_out = dtype_is_fp8(d.dtype);
-  const bool block =
-      a.scaling == ScalingMode::kBlock1x128 || a.scaling == ScalingMode::kBlock128x128;
+  const bool block = block_scaled(a);
   if (block) {
     OVERLAP_CHECK(cublasLtGetVersion() >= 120900, kUnsupported,
                   "gemm: block-scaled FP8 GEMMs need cuBLASLt >= 12.9, the process loaded "
@@ -257,7 +404,9 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
   // NOTE [gemm cache key]: everything the heuristic sees. The descriptors' scale and bias
   // POINTERS are not in it (they do not change the choice); their presence and the pointers'
   // alignment classes are, since an algorithm picked for 256-byte-aligned operands may not
-  // run on 16-byte-aligned ones.
+  // run on 16-byte-aligned ones. The same key is the unit of autotuning (NOTE [gemm
+  // autotune]): the SM-count target is in it, so a GEMM that shares the GPU with
+  // communication kernels is tuned for the SMs it plans for.
   const std::uint32_t align_a = alignment_of(b.data);
   const std::uint32_t align_b = alignment_of(a.data);
   const std::uint32_t align_d = alignment_of(d_ptr);
@@ -290,28 +439,62 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
     key[f++] = v;
   }
 
+  // NOTE [gemm autotune]: a settled key is a plain cache hit (the hot path: one lookup).
   cublasLtMatmulAlgo_t algo;
-  if (!ctx->find_algo(key, &algo)) {
-    MatmulPreference pref;
-    OVERLAP_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(pref.out()));
-    set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
-    set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
-    set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
-    set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, fp8_out ? std::uint32_t{256} : align_d);
-    set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
-    cublasLtMatmulHeuristicResult_t result = {};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-        ctx->handle(), desc.get(), a_layout.get(), b_layout.get(), c_layout.get(), d_layout.get(),
-        pref.get(), 1, &result, &found);
-    OVERLAP_CHECK(st != CUBLAS_STATUS_NOT_SUPPORTED && found > 0, kUnsupported,
-                  "gemm: cuBLASLt " << cublasLtGetVersion() << " has no algorithm for "
-                                    << describe(a, b, d, s, o) << " on sm_"
-                                    << ctx->target().cc_major << ctx->target().cc_minor
-                                    << " (status " << detail::cublas_status_string(st) << ")");
-    OVERLAP_CHECK_CUBLAS(st);
-    algo = result.algo;
-    ctx->insert_algo(key, algo);
+  bool settled = false;
+  const bool cached = ctx->find_algo(key, &algo, &settled);
+  AutotuneConfig config;
+  bool want_tune = false;
+  const char* untuned_why = nullptr;
+  if (!settled) {
+    config = tune != nullptr ? tune->config : gemm_autotune();
+    if (!config.enabled) {
+      untuned_why = "autotuning is disabled";
+    } else if (config.max_candidates == 1) {
+      untuned_why = "max_candidates is 1";
+    } else if (stream_is_capturing(stream)) {
+      untuned_why = "the stream is capturing a CUDA graph";
+    } else {
+      want_tune = true;
+    }
+  }
+  ctx->count_lookup(cached && !want_tune);
+  GemmTuneRecord record;
+  if (!cached || want_tune) {
+    const Layouts layouts{a_layout.get(), b_layout.get(), c_layout.get(), d_layout.get()};
+    const std::vector<cublasLtMatmulHeuristicResult_t> h =
+        query_heuristics(*ctx, desc, layouts, want_tune ? config.max_candidates : 1,
+                         {align_a, align_b, fp8_out ? std::uint32_t{256} : align_d, align_d},
+                         [&] { return describe(a, b, d, s, o); });
+    if (!want_tune) {
+      algo = h[0].algo;
+      ctx->insert_algo(key, AlgoEntry{algo, false, {}});
+    } else {
+      RelaxedCaptureMode relaxed;  // NOTE [gemm autotune]: another thread may be capturing
+      std::lock_guard<std::mutex> tune_lock(ctx->tune_mutex());
+      bool now_settled = false;
+      if (ctx->find_algo(key, &algo, &now_settled) && now_settled) {
+        ctx->find_record(key, &record);  // another thread tuned the key meanwhile
+        record.status = TuneStatus::kCached;
+      } else {
+        const TuneProblem p{a, b, d, s, o.alpha, fp8_out ? 0.0f : o.beta};
+        AlgoEntry entry =
+            tune_key(*ctx, config, h, p, desc, layouts, [&] { return describe(a, b, d, s, o); });
+        algo = entry.algo;
+        record = entry.record;
+        ctx->insert_algo(key, std::move(entry));
+      }
+    }
+  } else if (settled && tune != nullptr) {  // (hits without a request copy nothing)
+    ctx->find_record(key, &record);
+    record.status = TuneStatus::kCached;
+  }
+  if (tune != nullptr && tune->record != nullptr) {
+    if (untuned_why != nullptr) record = GemmTuneRecord{TuneStatus::kUntuned, 0, {}, untuned_why};
+    *tune->record = record;
+  }
+  if (d.amax != nullptr) {  // tuning pointed it at scratch
+    set(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(d.amax));
   }
 
   // GPU work starts here: scratch (workspace + staged block scales), then the matmul.

@@ -2,6 +2,7 @@
 
 #include <limits>
 #include <map>
+#include <utility>
 
 #include "common/cuda/cuda_check.h"
 #include "common/cuda/device_guard.h"
@@ -56,13 +57,13 @@ LtHandle::~LtHandle() {
   }
 }
 
-MemPool::MemPool(int device) {
+MemPool::MemPool(int device, bool keep_reserved) {
   cudaMemPoolProps props = {};
   props.allocType = cudaMemAllocationTypePinned;
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id = device;
   OVERLAP_CHECK_CUDA(cudaMemPoolCreate(&pool_, &props));
-  std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t keep = keep_reserved ? std::numeric_limits<std::uint64_t>::max() : 0;
   const cudaError_t err = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep);
   if (err != cudaSuccess) {
     OVERLAP_WARN_CUDA(cudaMemPoolDestroy(pool_));  // the destructor will not run
@@ -81,29 +82,71 @@ MemPool::~MemPool() {
   }
 }
 
-GemmContext::GemmContext(int device)
-    : device_(device), target_(device_target(device)), handle_(), pool_(device) {}
+LtStream::LtStream(int device) {
+  DeviceGuard guard(device);
+  // Non-blocking: never synchronises with the legacy default stream, whatever the caller's
+  // stream is.
+  OVERLAP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
 
-bool GemmContext::find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo) {
+LtStream::~LtStream() {
+  if (stream_ == nullptr || process_finalizing()) return;
+  OVERLAP_WARN_CUDA(cudaStreamDestroy(stream_));
+}
+
+GemmContext::GemmContext(int device)
+    : device_(device),
+      target_(device_target(device)),
+      handle_(),
+      pool_(device, /*keep_reserved=*/true) {}
+
+bool GemmContext::find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo, bool* settled) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = cache_.find(key);
-  if (it == cache_.end()) {
-    ++misses_;
-    return false;
-  }
-  ++hits_;
-  *algo = it->second;
+  if (it == cache_.end()) return false;
+  *algo = it->second.algo;
+  *settled = it->second.settled;
   return true;
 }
 
-void GemmContext::insert_algo(const AlgoKey& key, const cublasLtMatmulAlgo_t& algo) {
+bool GemmContext::find_record(const AlgoKey& key, GemmTuneRecord* record) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  cache_[key] = algo;
+  auto it = cache_.find(key);
+  if (it == cache_.end() || !it->second.settled) return false;
+  *record = it->second.record;
+  return true;
+}
+
+void GemmContext::insert_algo(const AlgoKey& key, AlgoEntry entry) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    cache_.emplace(key, std::move(entry));
+  } else if (entry.settled || !it->second.settled) {
+    it->second = std::move(entry);
+  }
+}
+
+void GemmContext::count_lookup(bool hit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++(hit ? hits_ : misses_);
 }
 
 GemmCacheStats GemmContext::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return {hits_, misses_, static_cast<std::int64_t>(cache_.size())};
+  std::int64_t tuned = 0;
+  for (const auto& [key, entry] : cache_) {
+    if (entry.settled && entry.record.status == TuneStatus::kTuned) ++tuned;
+  }
+  return {hits_, misses_, static_cast<std::int64_t>(cache_.size()), tuned};
+}
+
+TuneResources& GemmContext::tune_resources() {
+  if (!tune_) {
+    DeviceGuard guard(device_);
+    tune_ = std::make_unique<TuneResources>(device_);
+  }
+  return *tune_;
 }
 
 void GemmContext::clear_cache() {
@@ -175,6 +218,19 @@ void gemm_release_resources() {
 ScratchBuffer::ScratchBuffer(cudaMemPool_t pool, std::size_t bytes, cudaStream_t stream)
     : stream_(stream) {
   OVERLAP_CHECK_CUDA(cudaMallocFromPoolAsync(&ptr_, bytes, pool, stream));
+}
+
+std::unique_ptr<ScratchBuffer> ScratchBuffer::try_create(cudaMemPool_t pool, std::size_t bytes,
+                                                         cudaStream_t stream) {
+  std::unique_ptr<ScratchBuffer> s(new ScratchBuffer(stream));
+  const cudaError_t err = cudaMallocFromPoolAsync(&s->ptr_, bytes, pool, stream);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it so that no later check reports it
+    s->ptr_ = nullptr;
+    return nullptr;
+  }
+  OVERLAP_CHECK_CUDA(err);
+  return s;
 }
 
 ScratchBuffer::~ScratchBuffer() {

@@ -48,10 +48,12 @@ class LtHandle {
   cublasLtHandle_t handle_ = nullptr;
 };
 
-// RAII owner of a private device memory pool that keeps what it reserved.
+// RAII owner of a private device memory pool. keep_reserved: it keeps what it reserved
+// (release threshold = max); otherwise it returns freed memory to the device at the next
+// synchronisation (threshold 0).
 class MemPool {
  public:
-  explicit MemPool(int device);
+  MemPool(int device, bool keep_reserved);
   ~MemPool();
   MemPool(const MemPool&) = delete;
   MemPool& operator=(const MemPool&) = delete;
@@ -59,6 +61,38 @@ class MemPool {
 
  private:
   cudaMemPool_t pool_ = nullptr;
+};
+
+// RAII owner of a non-blocking stream of the library's own (the tuning stream).
+class LtStream {
+ public:
+  explicit LtStream(int device);
+  ~LtStream();
+  LtStream(const LtStream&) = delete;
+  LtStream& operator=(const LtStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// One cached choice.
+struct AlgoEntry {
+  cublasLtMatmulAlgo_t algo = {};
+  // No further tuning for this key: it was tuned, or tuning it is impossible for good (one
+  // candidate, no scratch memory). Unsettled entries (heuristic's first, cached while tuning
+  // was off or the stream was capturing) are tuned by the next GEMM that may tune.
+  bool settled = false;
+  GemmTuneRecord record;  // settled entries: what tuning measured
+};
+
+// What tuning needs beyond the handle (NOTE [gemm autotune]): a private stream, so that timing
+// never waits on (or writes) the caller's work, and a pool that returns its memory.
+struct TuneResources {
+  explicit TuneResources(int device) : stream(device), pool(device, /*keep_reserved=*/false) {}
+  // Destroyed in reverse order: the pool, then the stream.
+  LtStream stream;
+  MemPool pool;
 };
 
 class GemmContext {
@@ -72,22 +106,33 @@ class GemmContext {
   cublasLtHandle_t handle() const { return handle_.get(); }
   cudaMemPool_t pool() const { return pool_.get(); }
 
-  // The cached algorithm for `key`, counting a hit or a miss.
-  bool find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo);
-  void insert_algo(const AlgoKey& key, const cublasLtMatmulAlgo_t& algo);
+  // The cached algorithm for `key` and whether it is settled; counts nothing.
+  bool find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo, bool* settled) const;
+  // The tuning record of a settled key (false: absent or unsettled).
+  bool find_record(const AlgoKey& key, GemmTuneRecord* record) const;
+  // Inserts or replaces; a settled entry is never replaced by an unsettled one.
+  void insert_algo(const AlgoKey& key, AlgoEntry entry);
+  void count_lookup(bool hit);
   GemmCacheStats stats() const;
   void clear_cache();
+
+  // NOTE [gemm autotune]: one tuning at a time per device (timings of two tunings running at
+  // once would disturb each other). Hold it while using tune_resources().
+  std::mutex& tune_mutex() { return tune_mutex_; }
+  TuneResources& tune_resources();  // created on first use; caller holds tune_mutex()
 
  private:
   int device_;
   GemmTarget target_;
-  // Destroyed in reverse order: the pool, then the handle.
+  // Destroyed in reverse order: the tuning resources, the pool, then the handle.
   LtHandle handle_;
   MemPool pool_;
-  mutable std::mutex mutex_;  // guards the cache and its counters
-  std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> cache_;
+  mutable std::mutex mutex_;  // guards the cache and its counters (never held while tuning)
+  std::unordered_map<AlgoKey, AlgoEntry, AlgoKeyHash> cache_;
   std::int64_t hits_ = 0;
   std::int64_t misses_ = 0;
+  std::mutex tune_mutex_;
+  std::unique_ptr<TuneResources> tune_;
 };
 
 // The context of `device`, created on first use. Shared ownership: a GEMM in progress keeps
@@ -98,6 +143,10 @@ std::shared_ptr<GemmContext> gemm_context(int device);
 class ScratchBuffer {
  public:
   ScratchBuffer(cudaMemPool_t pool, std::size_t bytes, cudaStream_t stream);
+  // nullptr when the pool cannot provide the memory (cudaErrorMemoryAllocation, cleared);
+  // other errors throw.
+  static std::unique_ptr<ScratchBuffer> try_create(cudaMemPool_t pool, std::size_t bytes,
+                                                   cudaStream_t stream);
   ~ScratchBuffer();
   ScratchBuffer(const ScratchBuffer&) = delete;
   ScratchBuffer& operator=(const ScratchBuffer&) = delete;
@@ -105,6 +154,7 @@ class ScratchBuffer {
   char* data() const { return static_cast<char*>(ptr_); }
 
  private:
+  explicit ScratchBuffer(cudaStream_t stream) : stream_(stream) {}
   void* ptr_ = nullptr;
   cudaStream_t stream_;
 };
