@@ -458,7 +458,7 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
       want_tune = true;
     }
   }
-  ctx->count_lookup(cached && !want_tune);
+  if (!settled) ctx->count_lookup(cached && !want_tune);  // (find_algo counted settled hits)
   GemmTuneRecord record;
   if (!cached || want_tune) {
     const Layouts layouts{a_layout.get(), b_layout.get(), c_layout.get(), d_layout.get()};
@@ -472,9 +472,7 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
     } else {
       RelaxedCaptureMode relaxed;  // NOTE [gemm autotune]: another thread may be capturing
       std::lock_guard<std::mutex> tune_lock(ctx->tune_mutex());
-      bool now_settled = false;
-      if (ctx->find_algo(key, &algo, &now_settled) && now_settled) {
-        ctx->find_record(key, &record);  // another thread tuned the key meanwhile
+      if (ctx->find_settled(key, &algo, &record)) {  // another thread tuned it meanwhile
         record.status = TuneStatus::kCached;
       } else {
         const TuneProblem p{a, b, d, s, o.alpha, fp8_out ? 0.0f : o.beta};
@@ -486,7 +484,8 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
       }
     }
   } else if (settled && tune != nullptr) {  // (hits without a request copy nothing)
-    ctx->find_record(key, &record);
+    cublasLtMatmulAlgo_t same;
+    ctx->find_settled(key, &same, &record);
     record.status = TuneStatus::kCached;
   }
   if (tune != nullptr && tune->record != nullptr) {

@@ -100,19 +100,22 @@ GemmContext::GemmContext(int device)
       handle_(),
       pool_(device, /*keep_reserved=*/true) {}
 
-bool GemmContext::find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo, bool* settled) const {
+bool GemmContext::find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo, bool* settled) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = cache_.find(key);
   if (it == cache_.end()) return false;
   *algo = it->second.algo;
   *settled = it->second.settled;
+  if (*settled) ++hits_;
   return true;
 }
 
-bool GemmContext::find_record(const AlgoKey& key, GemmTuneRecord* record) const {
+bool GemmContext::find_settled(const AlgoKey& key, cublasLtMatmulAlgo_t* algo,
+                               GemmTuneRecord* record) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = cache_.find(key);
   if (it == cache_.end() || !it->second.settled) return false;
+  *algo = it->second.algo;
   *record = it->second.record;
   return true;
 }

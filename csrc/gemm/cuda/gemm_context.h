@@ -106,10 +106,12 @@ class GemmContext {
   cublasLtHandle_t handle() const { return handle_.get(); }
   cudaMemPool_t pool() const { return pool_.get(); }
 
-  // The cached algorithm for `key` and whether it is settled; counts nothing.
-  bool find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo, bool* settled) const;
-  // The tuning record of a settled key (false: absent or unsettled).
-  bool find_record(const AlgoKey& key, GemmTuneRecord* record) const;
+  // The cached algorithm for `key` and whether it is settled. A settled entry found is
+  // counted as a hit (the hot path takes the mutex once); anything else counts nothing.
+  bool find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo, bool* settled);
+  // The algorithm and tuning record of a settled key (false: absent or unsettled); counts
+  // nothing.
+  bool find_settled(const AlgoKey& key, cublasLtMatmulAlgo_t* algo, GemmTuneRecord* record) const;
   // Inserts or replaces; a settled entry is never replaced by an unsettled one.
   void insert_algo(const AlgoKey& key, AlgoEntry entry);
   void count_lookup(bool hit);
