@@ -167,6 +167,9 @@ def gemm(
 
     Returns:
         The ``m`` rows of out that were written (a view of out).
+
+    The first CUDA call of a new key may autotune it (slower, once; see the module docstring
+    and :func:`autotune`); the output is written once, by the chosen algorithm.
     """
     return _gemm(
         a,
