@@ -227,7 +227,8 @@ GemmCacheStats gemm_cache_stats(int device);
 void gemm_clear_cache();
 
 // Synchronises each device that has GEMM resources and releases them (cuBLASLt handle,
-// scratch pool, algorithm cache). Idempotent; the next GEMM recreates them.
+// scratch pool, tuning stream and pool, algorithm cache). Idempotent; the next GEMM recreates
+// them.
 void gemm_release_resources();
 
 }  // namespace overlap::gemm

@@ -271,7 +271,7 @@ def test_tuned_fp8_with_fp8_output_and_amax(tuning) -> None:
         out_scale=scale,
         out_amax=amax,
     )
-    assert stats(tuning)["tuned"] == 1
+    assert stats(tuning)["misses"] == 1 and stats(tuning)["entries"] == 1  # tuned if offered >1
     torch.testing.assert_close(amax.cpu().double(), v.abs().max().reshape(1), rtol=5e-3, atol=0)
     got = out.cpu().double()
     assert not got.isnan().any()
@@ -291,7 +291,7 @@ def test_tuned_block_scaled_fp8_matches_reference(tuning) -> None:
     qb = block_fp8(varied(n, k, seed=11), E4M3, ScalingMode.BLOCK_128X128)
     out = torch.full((m, n), float("nan"), device="cuda")
     gemm(qa.data.cuda(), qb.data.cuda(), transb=True, **scales(qa, qb, "cuda"), out=out)
-    assert stats(tuning)["tuned"] == 1
+    assert stats(tuning)["misses"] == 1 and stats(tuning)["entries"] == 1  # tuned if offered >1
     check(out, reference(qa.data, qb.data, transb=True, **scales(qa, qb)), 1e-3)
 
 
@@ -411,12 +411,21 @@ def test_pretuned_problems_are_cache_hits_for_gemm_calls(tuning) -> None:
     ]
     results = autotune(problems)
     assert [r.problem for r in results] == problems
-    for r in results:
+    for r in results[:3]:  # tensor-core GEMMs: cuBLASLt offers several algorithms
         assert r.status == "tuned", r
+    # float32 (no TF32) may come with a single algorithm: settled untuned, nothing timed.
+    assert results[3].status == "tuned" or (
+        results[3].status == "untuned" and "single algorithm" in results[3].note
+    ), results[3]
+    for r in (r for r in results if r.status == "tuned"):
         assert len(r.times_ms) >= 2 and 0 <= r.chosen < len(r.times_ms)
         assert all(t is None or t > 0 for t in r.times_ms)
-        assert r.times_ms[r.chosen] <= r.times_ms[0]  # never slower than the heuristic's first
-    assert stats(tuning)["tuned"] == len(problems)
+        assert r.times_ms[r.chosen] is not None
+        if r.times_ms[0] is not None:  # never slower than the heuristic's first
+            assert r.times_ms[r.chosen] <= r.times_ms[0]
+            assert r.speedup is not None and r.speedup >= 1.0
+    assert stats(tuning)["tuned"] == sum(r.status == "tuned" for r in results)
+    assert stats(tuning)["entries"] == len(problems)
     misses = stats(tuning)["misses"]
 
     x = varied(512, 1024, seed=21, dtype=torch.bfloat16)
