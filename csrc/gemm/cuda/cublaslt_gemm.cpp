@@ -338,10 +338,10 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
   DeviceGuard guard(device);
   int stream_device = device;
   // cudaStreamGetDevice is not permitted on a capturing stream (NOTE [graph capture] in
-  // comm/cuda/graph_log.h); the check is skipped for a captured GEMM.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  OVERLAP_CHECK_CUDA(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusNone) {
+  // comm/cuda/graph_log.h); the check is skipped for a captured GEMM. A captured GEMM is never
+  // tuned either (NOTE [gemm autotune]).
+  const bool capturing = stream_is_capturing(stream);
+  if (!capturing) {
     OVERLAP_CHECK_CUDA(cudaStreamGetDevice(stream, &stream_device));
   }
   OVERLAP_CHECK_ARG(stream_device == device, "gemm: the stream belongs to cuda:"
@@ -452,7 +452,7 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
       untuned_why = "autotuning is disabled";
     } else if (config.max_candidates == 1) {
       untuned_why = "max_candidates is 1";
-    } else if (stream_is_capturing(stream)) {
+    } else if (capturing) {
       untuned_why = "the stream is capturing a CUDA graph";
     } else {
       want_tune = true;
