@@ -197,6 +197,7 @@ def test_registry_names_selection_and_a_new_method() -> None:
     names = {v.full_name for v in methods.registered()}
     assert "ag_gemm:pipeline/lanes2-split1-staggered" in names
     assert "gemm_rs:pipeline/lanes1-split2" in names
+    assert "gemm_rs:ring/lanes2-subchunks4" in names
     calls = []
 
     def build(case: object, *, chunks: int, fast: bool) -> methods.Runner:
@@ -204,25 +205,25 @@ def test_registry_names_selection_and_a_new_method() -> None:
         return lambda: chunks
 
     added = methods.register(
-        "gemm_rs", "ring", build, methods.grid(chunks=(2, 4), fast=(False, True))
+        "gemm_rs", "toy", build, methods.grid(chunks=(2, 4), fast=(False, True))
     )
     try:
         assert [v.name for v in added] == [
-            "ring/chunks2",
-            "ring/chunks2-fast",
-            "ring/chunks4",
-            "ring/chunks4-fast",
+            "toy/chunks2",
+            "toy/chunks2-fast",
+            "toy/chunks4",
+            "toy/chunks4-fast",
         ]
-        assert methods.select(["gemm_rs:ring/*"]) == added
-        assert methods.select(["ring/chunks4*"]) == added[2:]
+        assert methods.select(["gemm_rs:toy/*"]) == added
+        assert methods.select(["toy/chunks4*"]) == added[2:]
         assert added[3].make("case")() == 4 and calls == [("case", 4, True)]
         with pytest.raises(ValueError, match="already registered"):
-            methods.register("gemm_rs", "ring", build, [{"chunks": 2, "fast": False}])
+            methods.register("gemm_rs", "toy", build, [{"chunks": 2, "fast": False}])
     finally:
         methods.unregister(added)
-    assert all(v.method != "ring" for v in methods.registered())
+    assert all(v.method != "toy" for v in methods.registered())
     with pytest.raises(ValueError, match="matches no variant"):
-        methods.select(["gemm_rs:ring/*"])
+        methods.select(["gemm_rs:toy/*"])
     with pytest.raises(ValueError, match="unknown op 'bulk'"):
         methods.register("bulk", "x", build)
 
