@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -501,6 +502,12 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
   const std::size_t b_stage = staged_scale_bytes(b);
   const std::size_t a_off = kWorkspaceBytes;
   const std::size_t b_off = a_off + round_up(a_stage, kScratchAlign);
+  // An eager GEMM allocates stream-ordered scratch even while another thread captures a graph
+  // in global mode, which would forbid the allocation (and its free) on this thread: relaxed mode
+  // until both are done, `relaxed` outliving `scratch` (a capturing stream keeps the thread's mode,
+  // the allocation becoming a graph node).
+  std::optional<RelaxedCaptureMode> relaxed;
+  if (!capturing) relaxed.emplace();
   ScratchBuffer scratch(ctx->pool(), b_off + round_up(b_stage, kScratchAlign), stream);
   if (block) {
     const float* a_scales =
