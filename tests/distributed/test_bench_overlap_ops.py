@@ -67,7 +67,9 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
     on_host = {
         "ag_gemm": {"pipeline/lanes1-split1", "pipeline/lanes1-split1-staggered",
                     "pipeline/lanes2-split1", "pipeline/lanes2-split1-staggered"},
-        "gemm_rs": {"pipeline/lanes1-split1", "pipeline/lanes2-split1"},
+        "gemm_rs": {"pipeline/lanes1-split1", "pipeline/lanes2-split1",
+                    "ring/lanes1-subchunks2", "ring/lanes1-subchunks4",
+                    "ring/lanes2-subchunks2", "ring/lanes2-subchunks4"},
     }  # fmt: skip
     for op, names in on_host.items():
         _check_rows([r for r in rows if r["op"] == op], names)
@@ -129,7 +131,10 @@ def test_full_suite_options_with_tp2_subgroups(tmp_path: Path) -> None:
         [r for r in rows if r["op"] == "ag_gemm"],
         {"pipeline/lanes1-split1", "pipeline/lanes1-split1-staggered"},
     )
-    _check_rows([r for r in rows if r["op"] == "gemm_rs"], {"pipeline/lanes2-split1"})
+    _check_rows(
+        [r for r in rows if r["op"] == "gemm_rs"],
+        {"pipeline/lanes2-split1", "ring/lanes2-subchunks2", "ring/lanes2-subchunks4"},
+    )
 
 
 @pytest.mark.mpi
