@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from overlap._native import native
-from overlap.errors import InvalidArgumentError, StateError
+from overlap.errors import InvalidArgumentError
+from overlap.ops._gathered import gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     Operand,
     check_given_buffer,
@@ -233,41 +234,15 @@ class AllGatherGemm:
         backward; copy it, or save the shard and re-gather). On cuda, read it on the stream
         of the call (or after it); the FP8 scale check reads the scales on the host.
         """
-        if self._last is None:
-            raise StateError(f"{_OP}: gathered_input() before the first call")
-        m, hp_dtype, fmt = self._last
-        rows = self.tp * m
-        data = self.buffer.view(self.dtype, (rows, self.in_features))
-        if fmt is None:
-            return data
-        scales = self.gathered_scale_invs()
-        if not bool((scales == scales[0]).all()):
-            raise StateError(
-                f"{_OP}: the ranks' shards have different scale_inv values "
-                f"({scales.tolist()}); a gathered per-tensor FP8 tensor needs one (quantize with "
-                "an amax reduced over the TP group, DESIGN.md invariant 3). Use "
-                "gathered_scale_invs() to read them"
-            )
-        return QuantizedTensor(
-            shape=(rows, self.in_features),
-            dtype=hp_dtype,
-            rowwise_format=fmt,
-            columnwise_format=DirectionFormat(),
-            rowwise_data=data,
-            rowwise_scale_inv=scales[:1],
+        return gathered_input(
+            _OP, self.buffer, tp=self.tp, dtype=self.dtype, k=self.in_features, last=self._last
         )
 
     def gathered_scale_invs(self) -> torch.Tensor:
         """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""
-        import torch
-
-        if self._last is None or self._last[2] is None:
-            raise StateError(f"{_OP}: no FP8 call yet")
-        m = self._last[0]
-        shard_bytes = m * self.in_features * self.dtype.itemsize
-        scale_offset, _ = native().comm_ops.ag_gemm_layout(self.tp, shard_bytes, True)
-        # One 16-byte slot per rank (NOTE [ag_gemm layout]): the scale_inv is its first float.
-        return self.buffer.view(torch.float32, (self.tp, 4), offset=int(scale_offset))[:, 0]
+        return gathered_scale_invs(
+            _OP, self.buffer, tp=self.tp, dtype=self.dtype, k=self.in_features, last=self._last
+        )
 
     def destroy(self) -> None:
         """Free the buffer if the op created it (not a ``buffer=`` given to it). Idempotent;

@@ -32,7 +32,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from overlap._native import native
-from overlap.errors import InvalidArgumentError, StateError
+from overlap.errors import InvalidArgumentError
+from overlap.ops._gathered import gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     HIGH_PRECISION,
     Operand,
@@ -283,39 +284,15 @@ class AllGatherBesideGemm:
                 with an amax reduced over the TP group, DESIGN.md invariant 3;
                 :meth:`gathered_scale_invs` has them).
         """
-        if self._last is None:
-            raise StateError(f"{_AG}: gathered_input() before the first call")
-        m, hp_dtype, fmt = self._last
-        rows = self.tp * m
-        data = self.buffer.view(self.dtype, (rows, self.in_features))
-        if fmt is None:
-            return data
-        scales = self.gathered_scale_invs()
-        if not bool((scales == scales[0]).all()):
-            raise StateError(
-                f"{_AG}: the ranks' shards have different scale_inv values "
-                f"({scales.tolist()}); a gathered per-tensor FP8 tensor needs one (quantize with "
-                "an amax reduced over the TP group, DESIGN.md invariant 3)"
-            )
-        return QuantizedTensor(
-            shape=(rows, self.in_features),
-            dtype=hp_dtype,
-            rowwise_format=fmt,
-            columnwise_format=DirectionFormat(),
-            rowwise_data=data,
-            rowwise_scale_inv=scales[:1],
+        return gathered_input(
+            _AG, self.buffer, tp=self.tp, dtype=self.dtype, k=self.in_features, last=self._last
         )
 
     def gathered_scale_invs(self) -> torch.Tensor:
         """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""
-        import torch
-
-        if self._last is None or self._last[2] is None:
-            raise StateError(f"{_AG}: no FP8 call yet")
-        shard_bytes = self._last[0] * self.in_features * self.dtype.itemsize
-        scale_offset, _ = native().comm_ops.ag_gemm_layout(self.tp, shard_bytes, True)
-        # One 16-byte slot per rank (NOTE [ag_gemm layout]): the scale_inv is its first float.
-        return self.buffer.view(torch.float32, (self.tp, 4), offset=int(scale_offset))[:, 0]
+        return gathered_scale_invs(
+            _AG, self.buffer, tp=self.tp, dtype=self.dtype, k=self.in_features, last=self._last
+        )
 
     def destroy(self) -> None:
         """Free the buffer if the op created it. Idempotent; not collective."""

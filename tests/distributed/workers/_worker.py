@@ -84,3 +84,29 @@ def expect_raises(exc_type: type[BaseException], match: str, fn: Callable[[], ob
         assert match in str(exc), f"expected {match!r} in {exc!r}"
         return
     raise AssertionError(f"expected {exc_type.__name__} matching {match!r}, nothing raised")
+
+
+def per_tensor_fp8(x: torch.Tensor, scale: float) -> Any:
+    """``x`` as a per-tensor E4M3 :class:`~overlap.quantization.QuantizedTensor` (rowwise
+    data, scaled by ``scale``), on ``x``'s device."""
+    import torch
+
+    from overlap.quantization import (
+        DirectionFormat,
+        Fp8Format,
+        QuantizedTensor,
+        ScalingMode,
+        cast_to_fp8,
+    )
+
+    data, scale_inv = cast_to_fp8(
+        x.float(), torch.tensor([scale], device=x.device), fp8_dtype=torch.float8_e4m3fn
+    )
+    return QuantizedTensor(
+        shape=tuple(x.shape),
+        dtype=torch.bfloat16,
+        rowwise_format=DirectionFormat(ScalingMode.TENSOR, Fp8Format.E4M3),
+        columnwise_format=DirectionFormat(),
+        rowwise_data=data,
+        rowwise_scale_inv=scale_inv,
+    )

@@ -32,15 +32,12 @@ from overlap.ops import (
     reduce_scatter_rows,
 )
 from overlap.quantization import (
-    DirectionFormat,
-    Fp8Format,
-    QuantizedTensor,
-    ScalingMode,
     cast_to_fp8,
 )
 
 DEVICE = torch.device("cpu")  # cuda:<local rank> on the cuda transport (set in main)
 E4M3 = torch.float8_e4m3fn
+fp8 = _worker.per_tensor_fp8
 NAN = float("nan")
 
 
@@ -51,18 +48,6 @@ def rand(rows: int, cols: int, gen: torch.Generator, scale: float = 1.0) -> torc
 def raw_fp8(x: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     data, scale_inv = cast_to_fp8(x.float(), torch.tensor([scale], device=x.device), fp8_dtype=E4M3)
     return data, scale_inv
-
-
-def fp8(x: torch.Tensor, scale: float) -> QuantizedTensor:
-    data, scale_inv = raw_fp8(x, scale)
-    return QuantizedTensor(
-        shape=tuple(x.shape),
-        dtype=torch.bfloat16,
-        rowwise_format=DirectionFormat(ScalingMode.TENSOR, Fp8Format.E4M3),
-        columnwise_format=DirectionFormat(),
-        rowwise_data=data,
-        rowwise_scale_inv=scale_inv,
-    )
 
 
 def poisoned(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:

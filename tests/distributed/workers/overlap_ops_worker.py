@@ -38,35 +38,17 @@ from overlap.ops import (
     all_gather_rows,
     gemm_reduce_scatter_reference,
 )
-from overlap.quantization import (
-    DirectionFormat,
-    Fp8Format,
-    QuantizedTensor,
-    ScalingMode,
-    cast_to_fp8,
-)
 
 DEVICE = torch.device("cpu")  # cuda:<local rank> on the cuda transport (set in main)
 E4M3 = torch.float8_e4m3fn
+# Per-tensor FP8 with this rank's own scale where ranks differ on purpose (every chunk's GEMM
+# must use its own chunk's scale_inv).
+fp8 = _worker.per_tensor_fp8
 POISON = float("nan")
 
 
 def rand(rows: int, cols: int, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(rows, cols, generator=gen) * scale).to(torch.bfloat16).to(DEVICE)
-
-
-def fp8(x: torch.Tensor, scale: float) -> QuantizedTensor:
-    """Per-tensor FP8 with this rank's own scale (ranks differ on purpose: every chunk's GEMM
-    must use its own chunk's scale_inv)."""
-    data, scale_inv = cast_to_fp8(x.float(), torch.tensor([scale], device=x.device), fp8_dtype=E4M3)
-    return QuantizedTensor(
-        shape=tuple(x.shape),
-        dtype=torch.bfloat16,
-        rowwise_format=DirectionFormat(ScalingMode.TENSOR, Fp8Format.E4M3),
-        columnwise_format=DirectionFormat(),
-        rowwise_data=data,
-        rowwise_scale_inv=scale_inv,
-    )
 
 
 def close(got: torch.Tensor, want: torch.Tensor, what: str, fp8_inputs: bool = False) -> None:

@@ -1,0 +1,83 @@
+"""Reading a gathered input back out of a buffer laid out as NOTE [ag_gemm layout] says.
+
+Shared by :class:`~overlap.ops.AllGatherGemm` and :class:`~overlap.ops.AllGatherBesideGemm`,
+whose buffers hold the gathered rows ``[tp * m, K]`` followed, for FP8 shards, by one 16-byte
+scale slot per rank.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from overlap._native import native
+from overlap.errors import StateError
+from overlap.quantization import DirectionFormat, QuantizedTensor
+
+if TYPE_CHECKING:
+    import torch
+
+    from overlap.comm import SymmetricBuffer
+
+# What the last call gathered: (m rows per rank, the high-precision dtype, the rowwise FP8
+# format or None for a plain tensor).
+LastGather = tuple[int, "torch.dtype", DirectionFormat | None]
+
+
+def gathered_scale_invs(
+    op: str,
+    buffer: SymmetricBuffer,
+    *,
+    tp: int,
+    dtype: torch.dtype,
+    k: int,
+    last: LastGather | None,
+) -> torch.Tensor:
+    """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""
+    import torch
+
+    if last is None or last[2] is None:
+        raise StateError(f"{op}: no FP8 call yet")
+    shard_bytes = last[0] * k * dtype.itemsize
+    scale_offset, _ = native().comm_ops.ag_gemm_layout(tp, shard_bytes, True)
+    # One 16-byte slot per rank (NOTE [ag_gemm layout]): the scale_inv is its first float.
+    return buffer.view(torch.float32, (tp, 4), offset=int(scale_offset))[:, 0]
+
+
+def gathered_input(
+    op: str,
+    buffer: SymmetricBuffer,
+    *,
+    tp: int,
+    dtype: torch.dtype,
+    k: int,
+    last: LastGather | None,
+) -> torch.Tensor | QuantizedTensor:
+    """The last call's gathered ``[tp * m, k]`` input, a view of the buffer (FP8: a
+    :class:`QuantizedTensor` with the one scale_inv every rank's shard must share).
+
+    Raises:
+        StateError: before the first call, or FP8 shards whose scale_invs differ.
+    """
+    if last is None:
+        raise StateError(f"{op}: gathered_input() before the first call")
+    m, hp_dtype, fmt = last
+    rows = tp * m
+    data = buffer.view(dtype, (rows, k))
+    if fmt is None:
+        return data
+    scales = gathered_scale_invs(op, buffer, tp=tp, dtype=dtype, k=k, last=last)
+    if not bool((scales == scales[0]).all()):
+        raise StateError(
+            f"{op}: the ranks' shards have different scale_inv values "
+            f"({scales.tolist()}); a gathered per-tensor FP8 tensor needs one (quantize with "
+            "an amax reduced over the TP group, DESIGN.md invariant 3). Use "
+            "gathered_scale_invs() to read them"
+        )
+    return QuantizedTensor(
+        shape=(rows, k),
+        dtype=hp_dtype,
+        rowwise_format=fmt,
+        columnwise_format=DirectionFormat(),
+        rowwise_data=data,
+        rowwise_scale_inv=scales[:1],
+    )
