@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import format_table, max_over_ranks, time_op, write_json
+from benchmarks.common import device_barrier, format_table, max_over_ranks, time_op, write_json
 from overlap.comm import Communicator, TorchBootstrap, TransportKind
 from overlap.info import summary
 from overlap.launch import init_torch_distributed
@@ -38,6 +38,7 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
     world = dist.get_world_size()
     comm = Communicator(TorchBootstrap(), TransportKind.CUDA if cuda else TransportKind.HOST)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    align = device_barrier() if cuda else None  # time_op(queued=True, align=...)
     rows = []
     for size_mb in sizes_mb:
         total = size_mb * MB  # bytes of the gathered output / of the reduce-scatter input
@@ -49,12 +50,14 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
                 cuda=True,
                 iters=iters,
                 queued=True,
+                align=align,
             )
             rs = time_op(
                 lambda f=full, s=shard: dist.reduce_scatter_tensor(s, f),
                 cuda=True,
                 iters=iters,
                 queued=True,
+                align=align,
             )
         else:
             parts = list(full.chunk(world))
@@ -67,7 +70,13 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
         def time_ag(queued: bool = cuda, s: torch.Tensor = shard, b=buf) -> float:
             """Our in-buffer all-gather of ``s`` in b's current mode, max over ranks."""
             return max_over_ranks(
-                time_op(lambda: b.all_gather_into([(s, 0)]), cuda=cuda, iters=iters, queued=queued)
+                time_op(
+                    lambda: b.all_gather_into([(s, 0)]),
+                    cuda=cuda,
+                    iters=iters,
+                    queued=queued,
+                    align=align,
+                )
             )
 
         # NOTE [put split] / [pull gather] / [sm puts]: the all-gather by pushes and by pulls
@@ -96,6 +105,7 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
             cuda=cuda,
             iters=iters,
             queued=cuda,
+            align=align,
         )
         buf.synchronize()
         del in_buffer

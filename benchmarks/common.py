@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-# GPU clock cycles of the spin queued ahead of a timed op by time_op(queued=True): about
-# 0.5 ms at H100/H200 clocks, far longer than the host needs to enqueue the op and its events.
-_QUEUE_SPIN_CYCLES = 1_000_000
+# GPU clock cycles of the spin queued ahead of a timed op by time_op(queued=True): about 2 ms
+# at H100/H200 clocks, longer than the host needs to enqueue the op and its events (torch's
+# async-TP ops take up to about 0.5 ms of host time; a spin that ends first times the host).
+_QUEUE_SPIN_CYCLES = 4_000_000
 
 
 def time_op(
@@ -26,6 +27,7 @@ def time_op(
     warmup: int = 5,
     iters: int = 20,
     queued: bool = False,
+    align: Callable[[], object] | None = None,
 ) -> float:
     """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs.
 
@@ -34,7 +36,12 @@ def time_op(
     launch calls) wherever that is longer than the GPU's own start. With ``queued`` as well, a
     GPU spin (``torch.cuda._sleep``) is enqueued first, so that the start event, ``fn`` and
     the end event are all queued before the GPU reaches them: the time is then the GPU's
-    alone (the kernels and the gaps between them), without the host's enqueueing.
+    alone (the kernels and the gaps between them), without the host's enqueueing. ``align``
+    (with ``queued``; e.g. :func:`device_barrier`) is enqueued ahead of the spin of every
+    iteration: a device-side barrier across the ranks, so that every rank's spin, and thus
+    its start event, begins at about the same time. Without it the ranks' start times differ
+    by however far their hosts drifted apart, and a collective's time on the earliest rank
+    includes that drift (it waits for the others inside the op).
     """
     for _ in range(warmup):
         fn()
@@ -47,6 +54,8 @@ def time_op(
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             if queued:
+                if align is not None:
+                    align()
                 torch.cuda._sleep(_QUEUE_SPIN_CYCLES)
             start.record()
             fn()
@@ -61,7 +70,24 @@ def time_op(
     return statistics.median(samples)
 
 
-def timing_protocol(*, cuda: bool, queued: bool, warmup: int, iters: int) -> dict[str, Any]:
+def device_barrier(group: Any = None) -> Callable[[], None]:
+    """A device-side barrier of ``group`` (torch.distributed, NCCL) for :func:`time_op`'s
+    ``align``: an all-reduce of one element, which the current stream waits for. It ends on
+    every GPU at about the same time (NCCL's latency, microseconds)."""
+    import torch
+    import torch.distributed as dist
+
+    one = torch.ones(1, device=torch.device("cuda", torch.cuda.current_device()))
+
+    def barrier() -> None:
+        dist.all_reduce(one, group=group)
+
+    return barrier
+
+
+def timing_protocol(
+    *, cuda: bool, queued: bool, warmup: int, iters: int, aligned: bool = False
+) -> dict[str, Any]:
     """What :func:`time_op` measured, for a benchmark's JSON (its ``timing`` entry)."""
     if not cuda:
         clock = "wall clock (time.perf_counter) around each call; the host transport is synchronous"
@@ -73,6 +99,11 @@ def timing_protocol(*, cuda: bool, queued: bool, warmup: int, iters: int) -> dic
             "the GPU's time alone (kernels and the gaps between them), without the host's "
             "enqueueing"
         )
+        if aligned:
+            clock += (
+                "; each spin follows a device-side barrier of all ranks (an NCCL all-reduce of "
+                "one element), so every rank starts its op at about the same time"
+            )
         mode = "gpu"
     else:
         clock = (

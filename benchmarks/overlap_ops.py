@@ -19,9 +19,13 @@ Per op x shape x dtype x TP size, in one run on the same devices:
   DESIGN.md (a reference column, not measured by this run).
 
 Timing: median of ``--iters`` (>= 20 on GPUs) timed runs after warm-up, CUDA events (wall
-clock on the host transport), max over all ranks; ``--timing e2e`` (default) includes the
-host's enqueueing where it is longer than the GPU's start, ``--timing gpu`` queues each call
-behind a GPU spin and measures the GPU alone (benchmarks/common.py; the JSON records which).
+clock on the host transport), max over all ranks. ``--timing gpu`` (default) measures the GPU
+alone: every rank first passes a device-side barrier (an NCCL all-reduce of one element), then
+queues a GPU spin, then the timed call, so all ranks start the call at about the same time and
+the host's enqueueing is hidden, as in a training step whose host runs ahead of its GPU.
+``--timing e2e`` records the start event on an idle GPU, so the time includes the host's
+enqueueing where that is longer than the GPU's start (benchmarks/common.py; the JSON records
+which).
 
 Shapes (Llama-3-70B-like, hidden 8192, FFN 28672, GQA QKV 10240):
 
@@ -69,6 +73,7 @@ import torch.distributed as dist
 
 from benchmarks.common import (
     Progress,
+    device_barrier,
     format_table,
     max_over_ranks,
     plot_times,
@@ -556,9 +561,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--timing",
         choices=("e2e", "gpu"),
-        default="e2e",
-        help="e2e: CUDA events on an idle GPU, host enqueueing included where it is longer "
-        "than the GPU's start; gpu: each call queued behind a GPU spin (GPU time alone)",
+        default="gpu",
+        help="gpu (default): ranks aligned by a device-side barrier, each call queued behind a "
+        "GPU spin (the GPU's time alone); e2e: CUDA events on an idle GPU, host enqueueing "
+        "included where it is longer than the GPU's start",
     )
     parser.add_argument("--launch", type=int, default=0, help="start N ranks under mpirun")
     args = parser.parse_args(argv)
@@ -602,9 +608,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist.destroy_process_group()
         return 2
     queued = args.cuda and args.timing == "gpu"
+    # All TP groups run every row at once (NOTE [TP below the world size]): align the world.
+    align = device_barrier() if queued else None
 
     def timer(fn: Callable[[], object]) -> float:
-        ms = time_op(fn, cuda=args.cuda, warmup=args.warmup, iters=args.iters, queued=queued)
+        ms = time_op(
+            fn, cuda=args.cuda, warmup=args.warmup, iters=args.iters, queued=queued, align=align
+        )
         return max_over_ranks(ms)
 
     if rank0 and args.cuda and args.iters < 20:
@@ -652,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "overlap_build": summary(),
         "argv": argv,
         "timing": timing_protocol(
-            cuda=args.cuda, queued=queued, warmup=args.warmup, iters=args.iters
+            cuda=args.cuda, queued=queued, warmup=args.warmup, iters=args.iters, aligned=queued
         ),
         "tp_layout": "TP groups of contiguous ranks; with TP < world size all groups run each "
         "op at the same time and times are the max over all ranks (NOTE [TP below the world "

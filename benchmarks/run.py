@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timing",
         choices=("e2e", "gpu"),
-        default="e2e",
+        default="gpu",
         help="overlap ops timing (benchmarks.overlap_ops --help)",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the launch")

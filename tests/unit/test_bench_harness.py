@@ -191,6 +191,9 @@ def test_timing_protocol_documents_each_mode() -> None:
     assert modes == {"e2e", "gpu", "host"}
     doc = timing_protocol(cuda=True, queued=True, warmup=5, iters=20)
     assert doc["iters"] == 20 and "max" in doc["statistic"] and "spin" in doc["clock"]
+    assert "barrier" not in doc["clock"]
+    aligned = timing_protocol(cuda=True, queued=True, warmup=5, iters=20, aligned=True)
+    assert aligned["mode"] == "gpu" and "device-side barrier" in aligned["clock"]
 
 
 def test_registry_names_selection_and_a_new_method() -> None:
