@@ -4,7 +4,9 @@
 // start a rank tells every peer "I have entered op e: I read nothing of epoch e-1 any more"
 // (kAck = e) and waits until every peer has said the same, before it writes into any buffer. A fast
 // rank can thus never overwrite data a slow peer still reads, and a view handed out of a buffer
-// stays valid until the next op on that buffer. The start of an op is therefore also a barrier.
+// stays valid until the next op on that buffer. The start of an op is therefore also a barrier,
+// except that an op which only pushes may wait for each peer's acknowledgement just before it
+// writes into that peer (NOTE [deferred acknowledgements] in op_protocol.h).
 //
 // All functions are COLLECTIVE over the buffer's group and stream-ordered on `stream`
 // (the host transport runs them synchronously).

@@ -65,7 +65,7 @@ void check_op_records(const SymmetricBuffer& buf, std::uint64_t mine, std::uint6
 }  // namespace
 
 std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, const char* op,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, OpAccess access) {
   buf.check_ready(op);
   Transport& t = buf.transport();
   t.raise_if_failed();
@@ -85,13 +85,27 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
     const int peer = (r + i) % n;
     t.signal(buf.flag(peer, r, FlagSlot::kAck), epoch, stream, 0);
   }
-  for (int i = 1; i < n; ++i) {
-    const int peer = (r + n - i) % n;
-    WaitContext ctx{op, r, peer, 0, epoch, buf.timeout_s()};
-    t.wait(buf.flag(r, peer, FlagSlot::kAck), epoch, ctx, stream, 0);
+  // NOTE [deferred acknowledgements]: when to wait for all of them here.
+  const bool wait_all = !access.pushes_only || buf.peers_read_last_op() ||
+                        t.kind() == TransportKind::kHost || t.capturing(stream);
+  buf.set_peers_read_last_op(!access.pushes_only);
+  if (wait_all) {
+    for (int i = 1; i < n; ++i) {
+      const int peer = (r + n - i) % n;
+      WaitContext ctx{op, r, peer, 0, epoch, buf.timeout_s()};
+      t.wait(buf.flag(r, peer, FlagSlot::kAck), epoch, ctx, stream, 0);
+    }
+    buf.set_acked_epoch(epoch);
   }
   check_op_records(buf, record, epoch);
   return epoch;
+}
+
+void wait_ack(SymmetricBuffer& buf, std::uint64_t epoch, int peer, const char* op,
+              cudaStream_t stream, int lane) {
+  if (buf.acked_epoch() == epoch) return;  // begin_op waited for every acknowledgement
+  WaitContext ctx{op, buf.rank(), peer, 0, epoch, buf.timeout_s()};
+  buf.transport().wait(buf.flag(buf.rank(), peer, FlagSlot::kAck), epoch, ctx, stream, lane);
 }
 
 }  // namespace overlap::comm

@@ -112,6 +112,14 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   }
   // Whether `p` is one of this buffer's flags (in any rank's region).
   bool owns_flag(const void* p) const;
+  // Whether peers may have read this rank's region during the last op (pulls), so that the
+  // next op must hear every peer's acknowledgement before it writes its own region (NOTE
+  // [deferred acknowledgements] in op_protocol.h). True before the first op.
+  bool peers_read_last_op() const { return peers_read_last_op_; }
+  void set_peers_read_last_op(bool read) { peers_read_last_op_ = read; }
+  // The last epoch whose acknowledgements begin_op waited for, all at once (0: none yet).
+  std::uint64_t acked_epoch() const { return acked_epoch_; }
+  void set_acked_epoch(std::uint64_t epoch) { acked_epoch_ = epoch; }
 
  private:
   enum class State { kCreated, kConnected, kReady, kDestroyed };
@@ -128,6 +136,8 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   int sm_blocks_ = 0;
   State state_ = State::kCreated;
   std::uint64_t epoch_ = 0;
+  bool peers_read_last_op_ = true;
+  std::uint64_t acked_epoch_ = 0;
   std::shared_ptr<LocalRegion> local_;
   std::vector<std::shared_ptr<PeerMapping>> peers_;  // indexed by rank; null for self
 };

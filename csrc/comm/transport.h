@@ -143,6 +143,8 @@ class Transport {
   // one with a graph log; NOTE [graph capture] in comm/cuda/graph_log.h). Throws kUnsupported
   // with a reason if not.
   virtual void check_stream(cudaStream_t /*stream*/) const {}
+  // Whether `stream` is capturing a CUDA graph (always false on the host transport).
+  virtual bool capturing(cudaStream_t /*stream*/) const { return false; }
 };
 
 std::unique_ptr<Transport> make_host_transport();

@@ -249,6 +249,7 @@ class CudaTransport final : public Transport {
 
   // Capturing without a graph log throws (graph_log_for).
   void check_stream(cudaStream_t stream) const override { cuda::graph_log_for(stream); }
+  bool capturing(cudaStream_t stream) const override { return is_capturing(stream); }
 
  private:
   void check_device_capabilities() const {

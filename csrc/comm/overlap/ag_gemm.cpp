@@ -86,10 +86,11 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // clang-format off
 //   c0      | begin_op | fork | GEMM chunk r (own shard) | wait kData(r-C), GEMM r-C | ... | join
 //   c1      |          |      | wait kData(r-1), GEMM chunk r-1 | wait kData(r-1-C), GEMM ... |
-//   put 1   |          |      | put shard + scale_inv -> slot r of rank r+1, signal kData    |
+//   put 1   |          |      | wait kAck(r+1), put shard + scale_inv -> slot r of rank r+1, |
+//           |          |      |   signal kData                                               |
 //   ...     |          |      | ... (S lanes per peer, joined before the peer's signal)      |
-//   put n-1 |          |      | put shard + scale_inv -> slot r of rank r-1, signal kData;   |
-//           |          |      |   then our own shard -> our slot r                           |
+//   put n-1 |          |      | wait kAck(r-1), put shard + scale_inv -> slot r of rank r-1, |
+//           |          |      |   signal kData; then our own shard -> our slot r             |
 // clang-format on
 //
 // Chunk j's GEMM writes rows [j m, (j + 1) m) of Y straight into the output (row_offset). The
@@ -97,11 +98,13 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // at about the time one takes; the local chunk's GEMM covers that time. With staggered_puts,
 // put lane i starts after put lane i-1 has signalled: every rank then sends to one peer and
 // receives from one at a time (rank r gets r-1's shard first, the order its GEMMs take), so
-// the first peer chunk lands early and later ones while earlier ones are multiplied. Compute lanes
-// take chunks in turn (step s on lane s % C), each lane waiting only for its own chunk's flag, so a
-// late peer delays its chunk's GEMM, not the others'. A peer writes into our slots only after
-// we acknowledged this op, i.e. after our previous op's GEMMs (joined into c0 before begin_op)
-// finished reading them (NOTE [buffer reuse]).
+// the first peer chunk lands early and later ones while earlier ones are multiplied. begin_op
+// does not wait for the peers' acknowledgements on c0: each peer's put lanes wait for that
+// peer's (NOTE [deferred acknowledgements]), so the local chunk's GEMM starts at once. Compute
+// lanes take chunks in turn (step s on lane s % C), each lane waiting only for its own chunk's
+// flag, so a late peer delays its chunk's GEMM, not the others'. A peer writes into our slots only
+// after we acknowledged this op, i.e. after our previous op's GEMMs (joined into c0 before
+// begin_op) finished reading them (NOTE [buffer reuse]).
 //
 // Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
 // landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
@@ -145,7 +148,10 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   }
 
   // ---- the op --------------------------------------------------------------------------------
-  const std::uint64_t epoch = begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream);
+  // Pushes only: the chunk GEMMs never wait for the peers' acknowledgements, each peer's put
+  // lanes wait for that peer's (NOTE [deferred acknowledgements]).
+  const std::uint64_t epoch =
+      begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
   const int put_lanes = std::max(1, (n - 1) * split);
   t.fork(stream, lanes_c + put_lanes);
   char* const own = buf.data(r);
@@ -154,9 +160,9 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
     const int first = lanes_c + (i - 1) * split;
-    if (config.staggered_puts && i > 1) {
-      for (int s = 0; s < split; ++s) t.lane_wait(stream, first + s, first - split);
-    }
+    if (config.staggered_puts && i > 1) t.lane_wait(stream, first, first - split);
+    wait_ack(buf, epoch, peer, kOp, stream, first);
+    for (int s = 1; s < split; ++s) t.lane_wait(stream, first + s, first);
     const std::size_t slice = (l.shard_bytes + split - 1) / split;
     for (int s = 0; s < split; ++s) {
       const std::size_t begin = std::min(l.shard_bytes, s * slice);

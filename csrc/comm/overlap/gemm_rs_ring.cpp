@@ -129,7 +129,7 @@ class RingPlan {
 //
 // clang-format off
 //   c0    | begin_op | fork | G(0,0) | G(0,1) | in G(1,0) | in G(1,1) | ... | G(n-1,0) | G(n-1,1) | join | FP8: cast
-//   put   |          |      |        | push (0,0) -> r+1 | push (0,1) | push (1,0) | ...          |      |
+//   put   |          |      | wait kAck(r+1) | push (0,0) -> r+1 | push (0,1) | push (1,0) | ...  |      |
 //   copy  |          |      |                               ... in (n-2,k): recv slot -> out rows |      |
 // clang-format on
 //
@@ -143,7 +143,9 @@ class RingPlan {
 //
 // Buffer reuse: every hop has its own receive slot (no slot is written twice in an op, so no
 // per-hop acknowledgement is needed); a peer pushes into our slots only after we acknowledged
-// its op, i.e. after our previous op on this buffer joined (NOTE [buffer reuse]).
+// its op, i.e. after our previous op on this buffer joined (NOTE [buffer reuse]). The put
+// lanes wait for that acknowledgement of rank r+1 before the first push; the GEMMs, which
+// write only this rank's region, do not wait for any (NOTE [deferred acknowledgements]).
 //
 // NOTE [gemm_rs_ring numerics]: chunk c's result is (((p_{c+1} + p_{c+2}) + ...) + p_c), summed
 // in ring order from rank c+1 (so the order differs per chunk, deterministically). Each GEMM
@@ -184,7 +186,10 @@ void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::
   }
 
   // ---- the op --------------------------------------------------------------------------------
-  const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream);
+  // Pushes only: the GEMMs never wait for the peers' acknowledgements, the put lanes wait for
+  // the successor's before the first push (NOTE [deferred acknowledgements]).
+  const std::uint64_t epoch =
+      begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
   for (std::uint64_t i = 1; i < gemm_rs_ring_epochs(n); ++i) {  // NOTE [ring sub-epochs]
     t.note_op(buf, buf.next_epoch(), stream);
   }
@@ -193,6 +198,8 @@ void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::
   const int put_lane = lanes_c;           // .. put_lane + split - 1
   const int copy_lane = lanes_c + split;  // the last step's copies into the output
   t.fork(stream, lanes_c + split + 1);
+  wait_ack(buf, epoch, next, kOp, stream, put_lane);
+  for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane + p, put_lane);
   const std::size_t row_bytes = plan.part_bytes(1);
   // Host transport: program order. Rank r waits at step s for rank r-1's step s-1 only, which
   // rank r-1 issues before it waits for anything of step s, so there is no cycle.
