@@ -12,6 +12,12 @@
 //   which the GPU's front end polls without any SM. Because the host can read and write the
 //   flags directly, a wait whose peer never comes can be released by the host (NOTE
 //   [watchdog]) and op records can be checked at issue time (NOTE [op records]).
+// - Flag latency, measured on 4xH200 (one process, four GPUs, 2026-11): a signal/wait round
+//   trip between two GPUs takes 13-15 us and an all-to-all barrier of four 14 us whether the
+//   flags live in pinned host memory or in the waiter's device memory (written by the peer
+//   over NVLink); a marker write before each wait adds about 7 us to the four-GPU barrier. So
+//   moving the flags into device memory would not make ops faster; taking waits off the
+//   critical path does (NOTE [deferred acknowledgements] in op_protocol.h).
 // - No multicast objects, no multimem instructions, ever (DESIGN.md invariant 6).
 //
 // Graph capture: ops may be captured into a CUDA graph through a GraphLog, which makes every
