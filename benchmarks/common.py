@@ -14,10 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-# GPU clock cycles of the spin queued ahead of a timed op by time_op(queued=True): about 2 ms
-# at H100/H200 clocks, longer than the host needs to enqueue the op and its events (torch's
-# async-TP ops take up to about 0.5 ms of host time; a spin that ends first times the host).
-_QUEUE_SPIN_CYCLES = 4_000_000
+# GPU clock cycles per millisecond of the spin queued by time_op(queued=True) (H100/H200 SM
+# clocks are about 2 GHz; at lower clocks the spin only lasts longer).
+_SPIN_CYCLES_PER_MS = 2_000_000
 
 
 def time_op(
@@ -33,30 +32,45 @@ def time_op(
 
     With ``cuda``, CUDA events around each call; the GPU is idle when the start event is
     recorded, so the time includes the host's work to enqueue ``fn`` (Python, argument checks,
-    launch calls) wherever that is longer than the GPU's own start. With ``queued`` as well, a
-    GPU spin (``torch.cuda._sleep``) is enqueued first, so that the start event, ``fn`` and
-    the end event are all queued before the GPU reaches them: the time is then the GPU's
-    alone (the kernels and the gaps between them), without the host's enqueueing. ``align``
-    (with ``queued``; e.g. :func:`device_barrier`) is enqueued ahead of the spin of every
-    iteration: a device-side barrier across the ranks, so that every rank's spin, and thus
-    its start event, begins at about the same time. Without it the ranks' start times differ
-    by however far their hosts drifted apart, and a collective's time on the earliest rank
-    includes that drift (it waits for the others inside the op).
+    launch calls) wherever that is longer than the GPU's own start. With ``queued`` as well,
+    the ``iters`` calls run back to back behind one GPU spin (``torch.cuda._sleep``) that
+    lasts longer than the host needs to enqueue them all (1.5 x the median warm-up call's
+    host time per call, plus 1 ms), with an event between consecutive calls: each sample is
+    then the GPU's time for one call (its kernels and the gaps between them) without the
+    host's enqueueing, as in a training step whose host runs ahead of its GPU. ``align``
+    (with ``queued``; e.g. :func:`device_barrier`) is enqueued ahead of the spin: a
+    device-side barrier across the ranks, so that every rank's spin ends at about the same
+    time. The first call after the spin may pay for links that went idle during it; the
+    median of the samples leaves it out.
     """
+    host = [0.0]
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        host.append(time.perf_counter() - t0)
+    host_s = statistics.median(host[1:] or host)  # seconds the host takes to enqueue one call
     samples = []
-    if cuda:
+    if cuda and queued:
+        import torch
+
+        torch.cuda.synchronize()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+        if align is not None:
+            align()
+        torch.cuda._sleep(int((1.5 * host_s * 1e3 * iters + 1.0) * _SPIN_CYCLES_PER_MS))
+        events[0].record()
+        for i in range(iters):
+            fn()
+            events[i + 1].record()
+        events[-1].synchronize()
+        samples = [events[i].elapsed_time(events[i + 1]) for i in range(iters)]
+    elif cuda:
         import torch
 
         torch.cuda.synchronize()
         for _ in range(iters):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            if queued:
-                if align is not None:
-                    align()
-                torch.cuda._sleep(_QUEUE_SPIN_CYCLES)
             start.record()
             fn()
             end.record()
@@ -94,15 +108,14 @@ def timing_protocol(
         mode = "host"
     elif queued:
         clock = (
-            "CUDA events; a GPU spin (torch.cuda._sleep) is queued ahead of each call, so the "
-            "start event, the op and the end event are all queued before the GPU reaches them: "
-            "the GPU's time alone (kernels and the gaps between them), without the host's "
-            "enqueueing"
+            "CUDA events between back-to-back calls, all queued behind one GPU spin that "
+            "outlasts the host's enqueueing: the GPU's time per call alone (kernels and the "
+            "gaps between them), without the host's enqueueing"
         )
         if aligned:
             clock += (
-                "; each spin follows a device-side barrier of all ranks (an NCCL all-reduce of "
-                "one element), so every rank starts its op at about the same time"
+                "; the spin follows a device-side barrier of all ranks (an NCCL all-reduce of "
+                "one element), so every rank starts at about the same time"
             )
         mode = "gpu"
     else:
