@@ -21,8 +21,9 @@ Per op x shape x dtype x TP size, in one run on the same devices:
 Timing: median of ``--iters`` (>= 20 on GPUs) timed runs after warm-up, CUDA events (wall
 clock on the host transport), max over all ranks. ``--timing gpu`` (default) measures the GPU
 alone: every rank first passes a device-side barrier (an NCCL all-reduce of one element), then
-queues a GPU spin, then the timed call, so all ranks start the call at about the same time and
-the host's enqueueing is hidden, as in a training step whose host runs ahead of its GPU.
+queues a GPU spin, then the timed calls back to back with an event between consecutive calls,
+so all ranks start at about the same time and the host's enqueueing is hidden, as in a
+training step whose host runs ahead of its GPU.
 ``--timing e2e`` records the start event on an idle GPU, so the time includes the host's
 enqueueing where that is longer than the GPU's start (benchmarks/common.py; the JSON records
 which).
