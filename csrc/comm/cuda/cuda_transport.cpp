@@ -192,7 +192,19 @@ class CudaTransport final : public Transport {
     } else {
       // Already satisfied (the peer is ahead): nothing to enqueue. Flags only grow.
       if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
+      // NOTE [one marker per lane and op]: a later wait of the lane in the same op shares the
+      // marker of the lane's first wait.
+      std::lock_guard<std::mutex> lock(marks_mu_);
+      const auto op = op_serial_.find(stream);
+      LaneMark& mark = lane_marks_[s];
+      if (op != op_serial_.end() && mark.op_serial == op->second) {
+        watchdog_->arm(flag, value, ctx, &mark.ticket);
+        OVERLAP_CHECK_CU(
+            driver().cuStreamWaitValue64(s, device_ptr(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
+        return;
+      }
       ticket = watchdog_->arm(flag, value, ctx);
+      mark = LaneMark{op != op_serial_.end() ? op->second : 0, ticket};
     }
     // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do, but the v2 memop API rejects it.)
     OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(s, device_ptr(ticket.marker), ticket.seq,
@@ -242,6 +254,8 @@ class CudaTransport final : public Transport {
     if (std::shared_ptr<cuda::GraphLog> log = cuda::graph_log_for(stream)) {
       log->note_op(buf.shared_from_this(), epoch);
     }
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    op_serial_[stream] = ++last_op_serial_;  // a new op: its lanes write fresh markers
   }
 
   void synchronize(cudaStream_t stream) override {
@@ -294,9 +308,20 @@ class CudaTransport final : public Transport {
     std::unique_ptr<cuda::OwnedEvent> event;
   };
 
+  // NOTE [one marker per lane and op] (watchdog.h): the op each caller stream is in (a serial
+  // number given by note_op), and per lane stream the op and ticket of its last marker.
+  struct LaneMark {
+    std::uint64_t op_serial = 0;  // 0: none
+    cuda::Watchdog::Ticket ticket{};
+  };
+
   int device_;
   std::shared_ptr<cuda::Watchdog> watchdog_;
   cuda::Lanes lanes_;
+  std::mutex marks_mu_;
+  std::uint64_t last_op_serial_ = 0;
+  std::unordered_map<cudaStream_t, std::uint64_t> op_serial_;
+  std::unordered_map<CUstream, LaneMark> lane_marks_;
   std::mutex ops_mu_;
   std::unordered_map<const void*, OpOrder> op_order_;
 };

@@ -24,10 +24,10 @@ Watchdog::~Watchdog() {
 }
 
 Watchdog::Ticket Watchdog::arm(const std::uint64_t* flag, std::uint64_t value,
-                               const WaitContext& ctx) {
+                               const WaitContext& ctx, const Ticket* reached_with) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-  const std::uint64_t seq = next_seq_++;
+  const std::uint64_t seq = reached_with != nullptr ? reached_with->seq : next_seq_++;
   pending_.push_back(Pending{const_cast<std::uint64_t*>(flag), value, ctx, ctx.op, seq});
   auto* markers = static_cast<std::uint64_t*>(markers_.data());
   return {markers + seq % kMarkers, seq};

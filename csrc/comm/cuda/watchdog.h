@@ -11,6 +11,14 @@
 // [flags in host memory]), so that the GPU drains instead of spinning forever after the host
 // has given up. The transport is failed from then on: its buffers must be recreated.
 //
+// NOTE [one marker per lane and op]: each marker write is a stream memory operation with a
+// memory barrier, and it sits on the critical path (measured: three of them add about 7 us
+// to a four-GPU barrier). So the cuda transport writes one marker per lane and op, before the
+// lane's first wait of the op; the later waits of that lane in the same op share it, and their
+// deadline counts from when the lane reached the op's first wait. The deadline of such a wait
+// thus includes the lane's own work of the op between the two waits (a chunk GEMM: ms against
+// a deadline of seconds), never the work queued before the op.
+//
 // The watchdog makes no CUDA calls: it only reads and writes host memory, so it is safe at
 // any point of the process's life.
 #pragma once
@@ -43,8 +51,11 @@ class Watchdog {
     std::uint64_t* marker;  // the stream writes `seq` here right before waiting
     std::uint64_t seq;
   };
-  // Registers a wait for *flag >= value about to be enqueued; `flag` is in host memory.
-  Ticket arm(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx);
+  // Registers a wait for *flag >= value about to be enqueued; `flag` is in host memory. With
+  // `reached_with`, the wait gets no marker of its own: it counts as reached when that earlier
+  // ticket's marker is written (NOTE [one marker per lane and op]).
+  Ticket arm(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
+             const Ticket* reached_with = nullptr);
   // A ticket nobody watches: the placeholder marker write of a wait captured into a CUDA
   // graph, which GraphLog::prepare_replay() replaces by an armed ticket before every launch
   // (NOTE [graph capture] in graph_log.h). Its seq is unique, so the node can be recognised.
