@@ -83,12 +83,16 @@ def bench_collectives(sizes_mb: list[int], cuda: bool, iters: int) -> list[dict]
         # at 1, 2 and 4 copy-engine lanes per peer (no SM), and with a share of the bytes moved
         # by SM copy kernels. The best copy-engine-only time is the headline (it is what the
         # overlap ops use); the best with SMs is reported beside it.
+        # NOTE [serial puts]: suffix "s", the peers one after another on one set of lanes.
         by_split = {}
         for mode in ("push", "pull") if cuda else ("push",):
             for split in (1, 2, 4) if cuda else (1,):
-                buf.put_split = split
-                buf.pull_gather = mode == "pull"
-                by_split[f"{mode}{split}"] = time_ag()
+                for serial in (False, True):
+                    buf.put_split = split
+                    buf.pull_gather = mode == "pull"
+                    buf.serial_puts = serial
+                    by_split[f"{mode}{split}{'s' if serial else ''}"] = time_ag()
+        buf.serial_puts = True  # the default
         by_sm = {}
         for percent, blocks in ((50, 8), (50, 16), (70, 16), (100, 16), (100, 32)) if cuda else ():
             buf.put_split, buf.pull_gather, buf.sm_share = 2, False, (percent, blocks)

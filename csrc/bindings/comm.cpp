@@ -74,6 +74,7 @@ void register_comm(py::module_& m) {
       .def_property("timeout_s", &SymmetricBuffer::timeout_s, &SymmetricBuffer::set_timeout_s)
       .def_property("put_split", &SymmetricBuffer::put_split, &SymmetricBuffer::set_put_split)
       .def_property("pull_gather", &SymmetricBuffer::pull_gather, &SymmetricBuffer::set_pull_gather)
+      .def_property("serial_puts", &SymmetricBuffer::serial_puts, &SymmetricBuffer::set_serial_puts)
       .def_property_readonly("sm_percent", &SymmetricBuffer::sm_percent)
       .def_property_readonly("sm_blocks", &SymmetricBuffer::sm_blocks)
       .def("set_sm_share", &SymmetricBuffer::set_sm_share, py::arg("percent"), py::arg("blocks"))

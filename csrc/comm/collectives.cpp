@@ -16,6 +16,16 @@ int lanes_per_peer(const SymmetricBuffer& buf) {
   return buf.put_split() + (buf.sm_percent() > 0 ? 1 : 0);
 }
 
+// The first lane of the copies to or from the i-th peer in ring order (i = 1..n-1); lane 0 is
+// the caller's stream. NOTE [serial puts]: all peers share lanes 1..lanes_per_peer.
+int first_lane(const SymmetricBuffer& buf, int i) {
+  return 1 + (buf.serial_puts() ? 0 : (i - 1) * lanes_per_peer(buf));
+}
+
+int gather_lanes(const SymmetricBuffer& buf) {
+  return 1 + (buf.serial_puts() ? 1 : buf.size() - 1) * lanes_per_peer(buf);
+}
+
 // Copies slot `src_rank` of every part from `from`'s region (or from the parts' inputs) to
 // `to`'s region on lanes first..first+lanes_per_peer-1: the first sm_percent % of each part
 // (rounded to 16 bytes) by the SM kernel on the last lane, the rest in put_split slices by the
@@ -42,21 +52,23 @@ void put_slot(SymmetricBuffer& buf, const std::vector<GatherPart>& parts, int sr
   for (int j = 1; j < lanes; ++j) t.lane_wait(stream, first, first + j);
 }
 
-// Push: lane 0 copies our shard into our own slot; the lanes of peer i copy it into peer i's
-// slot r, then signal kData to that peer; we wait for every peer's kData.
+// Push: lane 0 copies our shard into our own slot; the lanes of peer i wait for peer i's
+// acknowledgement (NOTE [deferred acknowledgements]), copy our shard into its slot r, then
+// signal kData to it; we wait for every peer's kData.
 void gather_by_pushes(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
                       std::uint64_t epoch, cudaStream_t stream) {
   Transport& t = buf.transport();
   const int r = buf.rank();
   const int n = buf.size();
   const int per_peer = lanes_per_peer(buf);
-  t.fork(stream, 1 + (n - 1) * per_peer);
+  t.fork(stream, gather_lanes(buf));
   for (const GatherPart& a : parts) {
     t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
   }
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
-    const int first = 1 + (i - 1) * per_peer;
+    const int first = first_lane(buf, i);
+    for (int j = 0; j < per_peer; ++j) wait_ack(buf, epoch, peer, "all_gather", stream, first + j);
     put_slot(buf, parts, r, r, peer, first, /*from_input=*/true, stream);
     t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
   }
@@ -84,10 +96,10 @@ void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
   for (int i = 1; i < n; ++i) {
     t.signal(buf.flag((r + i) % n, r, FlagSlot::kData), epoch, stream, 0);
   }
-  t.fork(stream, 1 + (n - 1) * per_peer);
+  t.fork(stream, gather_lanes(buf));
   for (int i = 1; i < n; ++i) {
     const int peer = (r + n - i) % n;
-    const int first = 1 + (i - 1) * per_peer;
+    const int first = first_lane(buf, i);
     WaitContext ctx{"all_gather", r, peer, i, epoch, buf.timeout_s()};
     for (int j = 0; j < per_peer; ++j) {
       t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, first + j);
@@ -101,10 +113,11 @@ void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
 
 // Timeline of rank r (n ranks), push mode (pull mode: gather_by_pulls):
 //
-//   stream  | begin_op | fork | put own chunk -> own slot r        | join | wait kData from
-//   lane 1  |          |      | put own chunk -> slot r of r+1, signal kData |  r-1, ..., r+1
-//   ...     |          |      | ...                                |
-//   lane n-1|          |      | put own chunk -> slot r of r-1, signal kData |
+//   stream   | begin_op | fork | put own chunk -> own slot r      | join | wait kData from
+//   lane 1   |          |      | wait ack(r+1), put own chunk ->  |      | r-1, ..., r+1
+//            |          |      |   slot r of r+1, signal kData    |      |
+//   ...      |          |      | ...                              |      |
+//   lane n-1 |          |      | wait ack(r-1), put ... of r-1    |      |
 //
 // On NVLink's all-to-all topology every lane's put uses its own links at the same time; on
 // cuda the puts are copy-engine copies and the signals/waits stream memory operations, so the
@@ -131,8 +144,11 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
     }
     arg = mix_arg(mix_arg(arg, a.offset), a.chunk_bytes);
   }
-  const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream);
-  if (buf.pull_gather()) {
+  // Pushes only write peers' regions: each put lane waits for its peer's acknowledgement.
+  const bool pull = buf.pull_gather();
+  const std::uint64_t epoch =
+      begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream, OpAccess{/*pushes_only=*/!pull});
+  if (pull) {
     gather_by_pulls(buf, parts, epoch, stream);
   } else {
     gather_by_pushes(buf, parts, epoch, stream);
@@ -146,7 +162,8 @@ void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes
 
 // Timeline of rank r: begin_op | publish own partials (all chunks) in own region, signal
 // kData to every peer | wait kData from every peer | reduce chunk r of all regions (pulls over
-// the mapped peer pointers) into `output`. Peers are released by the next op's begin_op.
+// the mapped peer pointers) into `output`. Peers are released by the next op's begin_op. With
+// the partials already in place, begin_op | reduce (NOTE [partials in place]).
 void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::size_t count,
                     DType dtype, cudaStream_t stream) {
   const int r = buf.rank();
@@ -160,17 +177,25 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
                     "reduce_scatter: " << n << " chunks of " << chunk_bytes
                                        << " bytes exceed the buffer's " << buf.bytes()
                                        << " bytes; create a larger buffer");
-  const std::uint64_t epoch =
-      begin_op(buf, OpCode::kReduceScatter, chunk_bytes, "reduce_scatter", stream);
+  // NOTE [partials in place]: when every rank's partials are already in its region (a GEMM
+  // wrote them there before the op), the acknowledgements of begin_op also say "my partials
+  // are there": each is signalled after the rank's earlier work on the stream, with a memory
+  // barrier. Then no kData round is needed. Whether the input is in place is part of the op
+  // record, so the ranks agree on it.
+  const bool in_place = input == buf.data(r);
+  const std::uint64_t epoch = begin_op(buf, OpCode::kReduceScatter, mix_arg(chunk_bytes, in_place),
+                                       "reduce_scatter", stream);
   Transport& t = buf.transport();
-  t.put(buf.data(r), input, chunk_bytes * n, stream, 0);
-  for (int i = 1; i < n; ++i) {
-    t.signal(buf.flag((r + i) % n, r, FlagSlot::kData), epoch, stream, 0);
-  }
-  for (int i = 1; i < n; ++i) {
-    const int peer = (r + n - i) % n;
-    WaitContext ctx{"reduce_scatter", r, peer, i, epoch, buf.timeout_s()};
-    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
+  if (!in_place) {
+    t.put(buf.data(r), input, chunk_bytes * n, stream, 0);
+    for (int i = 1; i < n; ++i) {
+      t.signal(buf.flag((r + i) % n, r, FlagSlot::kData), epoch, stream, 0);
+    }
+    for (int i = 1; i < n; ++i) {
+      const int peer = (r + n - i) % n;
+      WaitContext ctx{"reduce_scatter", r, peer, i, epoch, buf.timeout_s()};
+      t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
+    }
   }
   // Summed in rank order on every rank, so results do not depend on which rank computed them.
   std::vector<const void*> partials(n);

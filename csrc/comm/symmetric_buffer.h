@@ -80,6 +80,15 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   // copy engines (false, the default) or pulled from their regions by ours (true).
   bool pull_gather() const { return pull_gather_; }
   void set_pull_gather(bool pull) { pull_gather_ = pull; }
+  // NOTE [serial puts]: in an all-gather, the copies to (or from) the peers run one after
+  // another on one set of put_split lanes, in ring order (true, the default), or at once on a
+  // set of lanes per peer (false). A GPU's copy engines reach the same outgoing bandwidth to
+  // one peer as to three at once (measured on H200: ~380 GB/s either way), and every lane
+  // costs microseconds of fork, join and flag waits: serial puts were faster at every size
+  // from 64 KB to 256 MB on 4xH200 (e.g. 64 MB: 190 us against 287 us; NCCL 190 us;
+  // benchmarks/baseline_collectives.py).
+  bool serial_puts() const { return serial_puts_; }
+  void set_serial_puts(bool serial) { serial_puts_ = serial; }
   // NOTE [sm puts]: `sm_percent` % of every all-gather put goes through an SM copy kernel of
   // `sm_blocks` blocks (on its own lane), the rest through the copy engines. 0 (the default)
   // keeps the all-gather off the SMs entirely.
@@ -132,6 +141,7 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   double timeout_s_;
   int put_split_ = kDefaultPutSplit;
   bool pull_gather_ = false;
+  bool serial_puts_ = true;
   int sm_percent_ = 0;
   int sm_blocks_ = 0;
   State state_ = State::kCreated;

@@ -96,9 +96,11 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // Chunk j's GEMM writes rows [j m, (j + 1) m) of Y straight into the output (row_offset). The
 // puts use no SMs (copy engines) and every peer pair its own NVLink links, so all shards land
 // at about the time one takes; the local chunk's GEMM covers that time. With staggered_puts,
-// put lane i starts after put lane i-1 has signalled: every rank then sends to one peer and
-// receives from one at a time (rank r gets r-1's shard first, the order its GEMMs take), so
-// the first peer chunk lands early and later ones while earlier ones are multiplied. begin_op
+// one set of S put lanes carries the peers' puts one after another, in ring order: every rank
+// then sends to one peer and receives from one at a time (rank r gets r-1's shard first, the
+// order its GEMMs take), so the first peer chunk lands early and later ones while earlier
+// ones are multiplied; a GPU's copy engines send as fast to one peer as to all of them (NOTE
+// [serial puts] in symmetric_buffer.h), and fewer lanes cost less latency. begin_op
 // does not wait for the peers' acknowledgements on c0: each peer's put lanes wait for that
 // peer's (NOTE [deferred acknowledgements]), so the local chunk's GEMM starts at once. Compute
 // lanes take chunks in turn (step s on lane s % C), each lane waiting only for its own chunk's
@@ -152,15 +154,17 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // lanes wait for that peer's (NOTE [deferred acknowledgements]).
   const std::uint64_t epoch =
       begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
-  const int put_lanes = std::max(1, (n - 1) * split);
+  // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial
+  // puts] in symmetric_buffer.h); otherwise a set of lanes per peer.
+  const bool serial = config.staggered_puts;
+  const int put_lanes = serial ? split : std::max(1, (n - 1) * split);
   t.fork(stream, lanes_c + put_lanes);
   char* const own = buf.data(r);
   // Pushes first: the host transport runs in program order, so every rank must publish its
   // shard before it waits for any peer's.
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
-    const int first = lanes_c + (i - 1) * split;
-    if (config.staggered_puts && i > 1) t.lane_wait(stream, first, first - split);
+    const int first = lanes_c + (serial ? 0 : (i - 1) * split);
     wait_ack(buf, epoch, peer, kOp, stream, first);
     for (int s = 1; s < split; ++s) t.lane_wait(stream, first + s, first);
     const std::size_t slice = (l.shard_bytes + split - 1) / split;

@@ -72,6 +72,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
         x = random_tensor(rows, cols, dtype, gen)  # nbytes rarely a multiple of 16
         buf.put_split = 1 + trial % 3  # one to three copies per peer: same bytes
         buf.pull_gather = trial % 2 == 1  # pushes and pulls: same bytes
+        buf.serial_puts = trial % 6 >= 3  # peers one after another or at once: same bytes
         buf.sm_share = (0, 0) if trial % 4 < 2 else (37, 3)  # part by SM copies: same bytes
         out = torch.full((rows * tp.size, cols), 7, dtype=dtype, device=DEVICE)  # poisoned
         got = buf.all_gather(x, out)
@@ -84,6 +85,14 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             assert torch.equal(rs, want), (
                 f"reduce_scatter mismatch {trial}: {(rs - want).abs().max()}"
             )
+            # Partials already in the buffer (where a GEMM writes them): no data round. Written
+            # after a barrier, when no peer reads this region any more.
+            buf.barrier()
+            in_place = buf.view(dtype, y.shape)
+            in_place.copy_(y)
+            rs = buf.reduce_scatter(in_place)
+            assert torch.equal(rs, want), f"in-place reduce_scatter mismatch {trial}"
+            del in_place
     buf.destroy()
 
 
