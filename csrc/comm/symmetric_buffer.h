@@ -69,9 +69,10 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   std::size_t bytes() const { return bytes_; }
   double timeout_s() const { return timeout_s_; }
   void set_timeout_s(double timeout_s);
-  // NOTE [put split]: how many copies (lanes) carry one put to one peer. One copy engine per
-  // peer does not saturate NVLink; several in parallel get closer (measured in
-  // benchmarks/baseline_collectives.py).
+  // NOTE [put split]: how many copies (lanes) carry one put to one peer; a tuning knob. On
+  // 4xH200 one copy moves ~377 GB/s to one peer (32 MB). With serial puts, one copy was best
+  // up to 32 MB; at 128-256 MB, pushes in one copy were sometimes 1.5x slower (in two runs of
+  // benchmarks/baseline_collectives.py), pulls in one copy and pushes in two were not.
   static constexpr int kMaxPutSplit = 8;
   static constexpr int kDefaultPutSplit = 1;
   int put_split() const { return put_split_; }
@@ -84,9 +85,9 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   // another on one set of put_split lanes, in ring order (true, the default), or at once on a
   // set of lanes per peer (false). A GPU's copy engines reach the same outgoing bandwidth to
   // one peer as to three at once (measured on H200: ~380 GB/s either way), and every lane
-  // costs microseconds of fork, join and flag waits: serial puts were faster at every size
-  // from 64 KB to 256 MB on 4xH200 (e.g. 64 MB: 190 us against 287 us; NCCL 190 us;
-  // benchmarks/baseline_collectives.py).
+  // costs microseconds of fork, join and flag waits. On 4xH200 the best serial mode beat the
+  // best parallel one at every size from 64 KB to 256 MB (e.g. 64 MB: 190 us against 272 us,
+  // NCCL 190 us; benchmarks/baseline_collectives.py).
   bool serial_puts() const { return serial_puts_; }
   void set_serial_puts(bool serial) { serial_puts_ = serial; }
   // NOTE [sm puts]: `sm_percent` % of every all-gather put goes through an SM copy kernel of
