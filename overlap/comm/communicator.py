@@ -222,6 +222,11 @@ class SymmetricBuffer:
                 (rows ``[k * m, (k + 1) * m)`` are destined to rank ``k``).
             output: optional contiguous tensor ``[m, ...]`` of ``input``'s dtype.
 
+        ``input`` may be a :meth:`view` of this buffer starting at offset 0 (the partials
+        already in place, where a GEMM writes them): the op then skips its data round. Every
+        rank must then pass such a view, and write it only when no peer reads this buffer any
+        more, e.g. after :meth:`barrier` (peers read the region until they enter the next op).
+
         Returns:
             ``output`` = sum over ranks of their rows for this rank. Every rank sums in rank
             order, so the result does not depend on which rank computed it.
