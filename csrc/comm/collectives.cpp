@@ -111,17 +111,17 @@ void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
 
 }  // namespace
 
-// Timeline of rank r (n ranks), push mode (pull mode: gather_by_pulls):
+// Timeline of rank r (n ranks), push mode with serial puts, the default (pull mode:
+// gather_by_pulls):
 //
-//   stream   | begin_op | fork | put own chunk -> own slot r      | join | wait kData from
-//   lane 1   |          |      | wait ack(r+1), put own chunk ->  |      | r-1, ..., r+1
-//            |          |      |   slot r of r+1, signal kData    |      |
-//   ...      |          |      | ...                              |      |
-//   lane n-1 |          |      | wait ack(r-1), put ... of r-1    |      |
+//   stream | begin_op | fork | put own chunk -> own slot r                 | join | wait kData
+//   lane 1 |          |      | wait ack(r+1), put own chunk -> slot r of   |      | from r-1,
+//          |          |      |   r+1, signal kData; then r+2, ..., r-1     |      | ..., r+1
 //
-// On NVLink's all-to-all topology every lane's put uses its own links at the same time; on
-// cuda the puts are copy-engine copies and the signals/waits stream memory operations, so the
-// all-gather uses no SMs.
+// Without serial puts, lane i carries the put to peer r+i, all at once. Either way the puts
+// are copy-engine copies and the signals/waits stream memory operations on cuda, so the
+// all-gather uses no SMs unless sm_share is set. NOTE [serial puts] in symmetric_buffer.h
+// says why one lane: a GPU's copy engines send as fast to one peer as to all.
 void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
                       cudaStream_t stream) {
   const int n = buf.size();
