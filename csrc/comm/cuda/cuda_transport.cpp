@@ -184,6 +184,7 @@ class CudaTransport final : public Transport {
     DeviceGuard guard(device_);
     CUstream s = lanes_.stream(stream, lane);
     cuda::Watchdog::Ticket ticket;
+    bool write_marker = true;
     if (std::shared_ptr<cuda::GraphLog> log = cuda::graph_log_for(s)) {
       // Captured: always enqueued (a replay's peers start from scratch), with a placeholder
       // marker that every replay re-arms (NOTE [graph capture]).
@@ -197,18 +198,15 @@ class CudaTransport final : public Transport {
       std::lock_guard<std::mutex> lock(marks_mu_);
       const auto op = op_serial_.find(stream);
       LaneMark& mark = lane_marks_[s];
-      if (op != op_serial_.end() && mark.op_serial == op->second) {
-        watchdog_->arm(flag, value, ctx, &mark.ticket);
-        OVERLAP_CHECK_CU(
-            driver().cuStreamWaitValue64(s, device_ptr(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
-        return;
-      }
-      ticket = watchdog_->arm(flag, value, ctx);
-      mark = LaneMark{op != op_serial_.end() ? op->second : 0, ticket};
+      write_marker = op == op_serial_.end() || mark.op_serial != op->second;
+      ticket = watchdog_->arm(flag, value, ctx, write_marker ? nullptr : &mark.ticket);
+      if (write_marker) mark = LaneMark{op != op_serial_.end() ? op->second : 0, ticket};
     }
-    // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do, but the v2 memop API rejects it.)
-    OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(s, device_ptr(ticket.marker), ticket.seq,
-                                                   CU_STREAM_WRITE_VALUE_DEFAULT));
+    if (write_marker) {
+      // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do, but the v2 memop API rejects it.)
+      OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(s, device_ptr(ticket.marker), ticket.seq,
+                                                     CU_STREAM_WRITE_VALUE_DEFAULT));
+    }
     OVERLAP_CHECK_CU(
         driver().cuStreamWaitValue64(s, device_ptr(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
   }
