@@ -26,9 +26,20 @@ constexpr const char* kAgOp = "bulk_all_gather";
 constexpr const char* kRsOp = "bulk_reduce_scatter";
 
 // Lanes of a bulk op: 0 = the caller's stream (protocol, waits, reduction), 1 = the GEMM,
-// then put_split copy lanes per peer.
+// then the put lanes: one set of put_split copy lanes that carries the peers' puts one after
+// another in ring order (serial puts, NOTE [serial puts] in symmetric_buffer.h), or one set
+// per peer.
 constexpr int kGemmLane = 1;
 constexpr int kFirstPutLane = 2;
+
+int put_lanes(const SymmetricBuffer& buf) {
+  return std::max(1, (buf.serial_puts() ? 1 : buf.size() - 1) * buf.put_split());
+}
+
+// The first put lane of the i-th peer in ring order (i = 1..n-1).
+int first_put_lane(const SymmetricBuffer& buf, int i) {
+  return kFirstPutLane + (buf.serial_puts() ? 0 : (i - 1) * buf.put_split());
+}
 
 // NOTE [bulk independence]: the side GEMM runs while peers write into this rank's buffer and
 // while the collective reads its input and writes its output, in no particular order. Its
@@ -101,11 +112,14 @@ void check_can_begin(const SymmetricBuffer& buf, cudaStream_t stream, const char
 }
 
 // NOTE [bulk schedule]: the GEMM is issued first, on its own lane forked from the caller's
-// stream, and so waits for nothing of the collective (not even begin_op's barrier: a late
-// peer delays the collective, never the GEMM). begin_op then runs on the caller's stream;
-// the put lanes wait for it (lane_wait on lane 0) before they write into any peer's buffer
-// (NOTE [buffer reuse]). If begin_op throws (an op-record mismatch), the lanes are joined
-// first, so that the caller's stream still covers the GEMM it was promised.
+// stream, and so waits for nothing of the collective (a late peer delays the collective,
+// never the GEMM). begin_op then runs on the caller's stream. Both bulk ops only push (nobody
+// reads a peer's region), so begin_op does not wait for the acknowledgements there: the put
+// lanes wait for each peer's before they write into its buffer (NOTE [deferred
+// acknowledgements], NOTE [buffer reuse]), or, when begin_op did wait for all of them (host
+// transport, capture, after a pull op), for the caller's stream, since the lanes were forked
+// before it. If begin_op throws (an op-record mismatch), the lanes are joined first, so that
+// the caller's stream still covers the GEMM it was promised.
 std::uint64_t begin_beside_gemm(SymmetricBuffer& buf, OpCode code, std::uint64_t arg,
                                 const SideGemm& g, const gemm::GemmOptions& options, int lanes,
                                 const char* op, cudaStream_t stream) {
@@ -113,21 +127,28 @@ std::uint64_t begin_beside_gemm(SymmetricBuffer& buf, OpCode code, std::uint64_t
   t.fork(stream, lanes);
   t.gemm(g.a, g.b, g.d, options, stream, kGemmLane);
   try {
-    return begin_op(buf, code, arg, op, stream);
+    return begin_op(buf, code, arg, op, stream, OpAccess{/*pushes_only=*/true});
   } catch (...) {
     t.join(stream);
     throw;
   }
 }
 
-// Copies `bytes` from src to dst on the put lanes first..first+split-1 (after begin_op), lane
-// `first` then waiting for the others.
-void put_split(Transport& t, char* dst, const char* src, std::size_t bytes, int split, int first,
-               cudaStream_t stream) {
+// Copies `bytes` from src to dst, in `peer`'s buffer, on the put lanes first..first+split-1
+// once `peer` may be written (NOTE [bulk schedule]); lane `first` then waits for the others.
+void put_to_peer(SymmetricBuffer& buf, std::uint64_t epoch, int peer, char* dst, const char* src,
+                 std::size_t bytes, int first, const char* op, cudaStream_t stream) {
+  Transport& t = buf.transport();
+  const int split = buf.put_split();
+  if (buf.acked_epoch() == epoch) {
+    t.lane_wait(stream, first, 0);  // begin_op waited for every acknowledgement on lane 0
+  } else {
+    wait_ack(buf, epoch, peer, op, stream, first);
+  }
+  for (int s = 1; s < split; ++s) t.lane_wait(stream, first + s, first);
   const std::size_t slice = (bytes + split - 1) / split;
   for (int s = 0; s < split; ++s) {
     const std::size_t begin = std::min(bytes, s * slice);
-    t.lane_wait(stream, first + s, 0);
     t.put(dst + begin, src + begin, std::min(bytes - begin, slice), stream, first + s);
   }
   for (int s = 1; s < split; ++s) t.lane_wait(stream, first, first + s);
@@ -141,14 +162,14 @@ void put_split(Transport& t, char* dst, const char* src, std::size_t bytes, int 
 // clang-format off
 //   c0      | fork | begin_op | put own shard -> own slot r | wait kData(r-1) ... kData(r+1) | join
 //   gemm    |      | GEMM (independent operands, its own sm_count) .......................... |
-//   put 1   |      |          | put shard + scale_inv -> slot r of rank r+1, signal kData     |
-//   ...     |      |          | (S lanes per peer, joined before the peer's signal)           |
-//   put n-1 |      |          | put shard + scale_inv -> slot r of rank r-1, signal kData     |
+//   put     |      |          | wait kAck(r+1), put shard + scale_inv -> slot r of rank r+1,  |
+//           |      |          |   signal kData; then r+2, ..., r-1 (S lanes, joined per peer) |
 // clang-format on
 //
-// The puts are copy-engine copies and the flags stream memory operations, so the all-gather
-// takes no SM from the GEMM; every peer pair uses its own NVLink links at once. The layout is
-// ag_gemm's (NOTE [ag_gemm layout]): a buffer filled here reads like one filled by ag_gemm.
+// Without serial puts, the put lanes of peer r+i (a set of S per peer) carry its put, all
+// peers at once. The puts are copy-engine copies and the flags stream memory operations, so
+// the all-gather takes no SM from the GEMM. The layout is ag_gemm's (NOTE [ag_gemm layout]):
+// a buffer filled here reads like one filled by ag_gemm.
 void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, const SideGemm& g,
                             const BulkConfig& config, cudaStream_t stream) {
   const int r = buf.rank();
@@ -168,19 +189,19 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
                    kAgOp);
   }
   (void)config;  // nothing of BulkConfig applies to the all-gather
-  const int split = buf.put_split();
   const std::uint64_t arg = mix_arg(mix_arg(0, shard.bytes), scaled ? 1 : 0);
 
   // ---- the op --------------------------------------------------------------------------------
-  const int lanes = kFirstPutLane + std::max(1, (n - 1) * split);
+  const int lanes = kFirstPutLane + put_lanes(buf);
   const std::uint64_t epoch =
       begin_beside_gemm(buf, OpCode::kBulkAllGather, arg, g, options, lanes, kAgOp, stream);
   const char* src = static_cast<const char*>(shard.data);
   // Pushes before waits: the host transport runs in program order.
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
-    const int first = kFirstPutLane + (i - 1) * split;
-    put_split(t, buf.data(peer) + r * l.shard_bytes, src, l.shard_bytes, split, first, stream);
+    const int first = first_put_lane(buf, i);
+    put_to_peer(buf, epoch, peer, buf.data(peer) + r * l.shard_bytes, src, l.shard_bytes, first,
+                kAgOp, stream);
     if (scaled) {
       t.put(buf.data(peer) + l.scale_offset + r * kScaleSlotBytes, shard.scale_inv, sizeof(float),
             stream, first);
@@ -206,10 +227,11 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // clang-format off
 //   c0      | fork | begin_op | wait kData(r-1) ... kData(r+1) | reduce (<= reduce_max_blocks) | join
 //   gemm    |      | GEMM (sm_count = SMs - gemm_sm_margin) ................................... |
-//   put 1   |      |          | put input rows of rank r+1 -> its slot r, signal kData          |
-//   ...     |      |          | (S lanes per peer, joined before the peer's signal)             |
-//   put n-1 |      |          | put input rows of rank r-1 -> its slot r, signal kData          |
+//   put     |      |          | wait kAck(r+1), put input rows of rank r+1 -> its slot r,       |
+//           |      |          |   signal kData; then r+2, ..., r-1 (S lanes, joined per peer)   |
 // clang-format on
+//
+// (Serial puts, the default; without them a set of S put lanes per peer, all peers at once.)
 //
 // The copy engines carry every byte over NVLink (no SM), straight from the caller's input
 // into the peers' buffers (no staging copy); the reduction then reads local memory only: the
@@ -218,7 +240,7 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // plans for the SMs left, so both make progress while they overlap. A peer writes our slots
 // only after we acknowledged this op, i.e. after our previous op's reduction (stream-ordered
 // before that acknowledgement) finished reading them (NOTE [buffer reuse]); nobody reads our
-// region remotely.
+// region remotely, so the op only pushes (NOTE [bulk schedule]).
 void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
                                 const ScatterOutput& out, const SideGemm& g,
                                 const BulkConfig& config, cudaStream_t stream) {
@@ -268,7 +290,6 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   // Our own put lanes may still read the input while the reduction writes the output.
   check_disjoint({output}, input, kRsOp);
   check_disjoint({output}, extent(buf.data(r), buf.bytes(), "the symmetric buffer"), kRsOp);
-  const int split = buf.put_split();
   std::uint64_t arg = 0;
   for (std::uint64_t v : {std::uint64_t(in.rows), std::uint64_t(in.cols), std::uint64_t(in.dtype),
                           std::uint64_t(out.dtype)}) {
@@ -276,15 +297,15 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   }
 
   // ---- the op --------------------------------------------------------------------------------
-  const int lanes = kFirstPutLane + std::max(1, (n - 1) * split);
+  const int lanes = kFirstPutLane + put_lanes(buf);
   const std::uint64_t epoch =
       begin_beside_gemm(buf, OpCode::kBulkReduceScatter, arg, g, options, lanes, kRsOp, stream);
   const char* src = static_cast<const char*>(in.data);
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
-    const int first = kFirstPutLane + (i - 1) * split;
-    put_split(t, buf.data(peer) + r * l.slot_bytes, src + peer * chunk_bytes, chunk_bytes, split,
-              first, stream);
+    const int first = first_put_lane(buf, i);
+    put_to_peer(buf, epoch, peer, buf.data(peer) + r * l.slot_bytes, src + peer * chunk_bytes,
+                chunk_bytes, first, kRsOp, stream);
     t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
   }
   for (int i = 1; i < n; ++i) {

@@ -113,6 +113,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             dtype = E4M3 if use_fp8 else torch.bfloat16
             ag = AllGatherBesideGemm(comm, n * m + trial, k, dtype)
             ag.buffer.put_split = 1 + (trial + use_fp8) % 3  # copies per peer: same result
+            ag.buffer.serial_puts = trial % 4 < 2  # peers one after another or at once
             x = rand(m, k, gen)
             shared_scale = trial % 2 == 0  # else every rank its own scale_inv
             xs = fp8(x, 8.0 if shared_scale else 8.0 * (1 + tp.rank)) if use_fp8 else x
@@ -143,6 +144,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             for out_dtype in (torch.bfloat16, E4M3) if use_fp8 else (torch.bfloat16,):
                 rs = ReduceScatterBesideGemm(comm, n * m + n * trial, k, torch.bfloat16)
                 rs.buffer.put_split = 1 + trial % 3
+                rs.buffer.serial_puts = (trial + use_fp8) % 2 == 0
                 rs.reduce_max_blocks = (0, 8, 64)[trial % 3]  # grid bound: same result
                 partial = rand(n * m, k, gen, 3.0)
                 a, b, kw = side_operands((gm, gk, gn), use_fp8, True, gen)
