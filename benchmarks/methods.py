@@ -35,13 +35,20 @@ from typing import Any
 import torch
 
 from overlap.comm import Communicator
-from overlap.ops import AllGatherGemm, GemmReduceScatter
+from overlap.ops import (
+    AllGatherBesideGemm,
+    AllGatherGemm,
+    GemmReduceScatter,
+    ReduceScatterBesideGemm,
+)
 from overlap.quantization import QuantizedTensor
 
 __all__ = [
+    "BULK_OPS",
     "OPS",
     "Case",
     "Runner",
+    "SideGemm",
     "Variant",
     "grid",
     "register",
@@ -49,10 +56,27 @@ __all__ = [
     "select",
 ]
 
-OPS = ("ag_gemm", "gemm_rs")
+OPS = ("ag_gemm", "gemm_rs", "bulk_ag", "bulk_rs")
+BULK_OPS = ("bulk_ag", "bulk_rs")
 
 Operand = torch.Tensor | QuantizedTensor
 Runner = Callable[[], object]
+
+
+@dataclass(frozen=True)
+class SideGemm:
+    """The GEMM a bulk op runs beside its collective: ``out = a @ b.T`` (TN, like a linear
+    layer's; FP8 operands as per-tensor :class:`QuantizedTensor` s).
+
+    Attributes:
+        a: ``[m', k']``.
+        b: ``[n', k']``.
+        out: the preallocated bfloat16 ``[m', n']`` output.
+    """
+
+    a: Operand
+    b: Operand
+    out: torch.Tensor
 
 
 @dataclass
@@ -60,20 +84,30 @@ class Case:
     """One row of the suite on this rank: what a builder gets.
 
     Attributes:
-        op: ``"ag_gemm"`` (``Y[M, N] = AllGather(a)[M, K] @ w.T``) or ``"gemm_rs"``
-            (``out[M / tp, N] = ReduceScatter(a[M, K] @ w.T)``).
+        op: ``"ag_gemm"`` (``Y[M, N] = AllGather(a)[M, K] @ w.T``), ``"gemm_rs"``
+            (``out[M / tp, N] = ReduceScatter(a[M, K] @ w.T)``), ``"bulk_ag"`` (gather ``a``
+            while ``side`` runs: the backward's dgrad beside the gather of wgrad's input) or
+            ``"bulk_rs"`` (``out = ReduceScatter(a)`` while ``side`` runs: the backward's
+            wgrad beside the reduce-scatter of dgrad's partial sums).
         comm: the TP group's communicator (``comm.group.size`` is the TP size).
-        m: ``M``, the gathered rows (AG+GEMM) / the rows of ``a`` (GEMM+RS).
-        k: ``K`` of this rank's GEMM (AG+GEMM: hidden; GEMM+RS: the local K shard).
-        n: ``N`` of this rank's GEMM (AG+GEMM: the local N shard; GEMM+RS: hidden).
-        a: AG+GEMM: this rank's shard ``[M / tp, K]``; GEMM+RS: ``[M, K]``. bfloat16, or a
-            per-tensor FP8 :class:`QuantizedTensor` (AG shards share one scale over the group).
-        w: the weight ``[N, K]``, of the same kind as ``a``.
-        out: the preallocated bfloat16 output: ``[M, N]`` (AG+GEMM), ``[M / tp, N]`` (GEMM+RS).
-        fp8: whether ``a`` and ``w`` are FP8.
+        m: ``M``, the gathered rows (AG+GEMM, bulk_ag) / the rows of ``a`` (GEMM+RS, bulk_rs).
+        k: ``K`` of this rank's GEMM (AG+GEMM: hidden; GEMM+RS: the local K shard); bulk: the
+            collective's columns (hidden).
+        n: ``N`` of this rank's GEMM (AG+GEMM: the local N shard; GEMM+RS: hidden); bulk: the
+            layer's local N shard (``side`` is ``[M, n] @ [k, n].T`` for bulk_ag, ``[n, M] @
+            [k, M].T`` for bulk_rs).
+        a: AG+GEMM and bulk_ag: this rank's shard ``[M / tp, K]``; GEMM+RS: ``[M, K]``.
+            bfloat16, or a per-tensor FP8 :class:`QuantizedTensor` (AG shards share one scale
+            over the group). bulk_rs: the bfloat16 partial sums ``[M, K]``.
+        w: the weight ``[N, K]``, of the same kind as ``a``; None for bulk ops.
+        out: the preallocated bfloat16 output: ``[M, N]`` (AG+GEMM), ``[M / tp, N]`` (GEMM+RS),
+            ``[M / tp, K]`` (bulk_rs); None for bulk_ag (the gathered input stays in the
+            op's buffer).
+        fp8: whether the GEMM operands (and bulk_ag's shard) are FP8.
         cuda: the cuda transport (else the host transport with tiny shapes).
         group: the TP group as a ``torch.distributed`` ProcessGroup (nccl on GPUs, gloo on
             the host), in the same rank order as ``comm``: for methods built on torch.
+        side: bulk ops: the GEMM beside the collective; None otherwise.
     """
 
     op: str
@@ -82,11 +116,12 @@ class Case:
     k: int
     n: int
     a: Operand
-    w: Operand
-    out: torch.Tensor
+    w: Operand | None
+    out: torch.Tensor | None
     fp8: bool
     cuda: bool
     group: Any = None
+    side: SideGemm | None = None
     _kept: dict[Any, tuple[Any, Callable[[Any], None] | None]] = field(default_factory=dict)
 
     @property
@@ -279,3 +314,32 @@ def _rs_ring(case: Case, *, lanes: int, subchunks: int) -> Runner:
 
 
 register("gemm_rs", "ring", _rs_ring, grid(lanes=(1, 2), subchunks=(2, 4)))
+
+
+def _bulk_ag(case: Case, *, serial: bool) -> Runner:
+    """:class:`~overlap.ops.AllGatherBesideGemm`: the shard gathered by copy engines while the
+    side GEMM runs; serial puts (peers one after another) or all peers at once, a setting."""
+    op = case.keep(
+        ("bulk_ag",), lambda: AllGatherBesideGemm(case.comm, case.m, case.k, case.input_dtype)
+    )
+    op.buffer.serial_puts = serial
+    side = case.side
+    return lambda: op(case.a, side.a, side.b, out=side.out, transb=True)
+
+
+def _bulk_rs(case: Case, *, serial: bool, margin: int) -> Runner:
+    """:class:`~overlap.ops.ReduceScatterBesideGemm`: partial sums pushed by copy engines and
+    reduced by a bounded kernel (64 blocks) while the side GEMM runs on the SMs it leaves
+    (``gemm_sm_margin``); serial puts and the margin are settings."""
+    op = case.keep(
+        ("bulk_rs",),
+        lambda: ReduceScatterBesideGemm(case.comm, case.m, case.k, torch.bfloat16),
+    )
+    op.buffer.serial_puts = serial
+    op.gemm_sm_margin = margin
+    side = case.side
+    return lambda: op(case.a, side.a, side.b, out=case.out, gemm_out=side.out, transb=True)
+
+
+register("bulk_ag", "bulk", _bulk_ag, grid(serial=(True, False)))
+register("bulk_rs", "bulk", _bulk_rs, grid(serial=(True, False), margin=(0, 16)))

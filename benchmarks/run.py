@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from benchmarks.overlap_ops import summary_line
 
-        print(f"[bench] overlap ops: {summary_line(json.loads(ops_json.read_text())['summary'])}")
+        result = json.loads(ops_json.read_text())
+        print(f"[bench] overlap ops: {summary_line(result['summary'])}")
+        if result.get("summary_bulk", {}).get("rows"):
+            print(f"[bench] bulk overlap: {summary_line(result['summary_bulk'], bulk=True)}")
     except (OSError, KeyError, ValueError) as exc:
         print(f"[bench] overlap ops: no summary in {ops_json} ({exc})")
     for name, _, path in jobs:

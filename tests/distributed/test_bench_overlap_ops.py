@@ -55,6 +55,20 @@ def _check_rows(rows: list[dict], variants: set[str], errors: set[str] = frozens
         assert r["T_te_ref"] is None and r["vs_te"] is None
 
 
+def _check_bulk_rows(rows: list[dict], variants: set[str]) -> None:
+    assert rows
+    for r in rows:
+        assert r["T_gemm"] == r["T_gemm_whole"] > 0 and r["T_gemm_chunked"] is None
+        assert r["T_comm"] > 0 and r["T_seq"] > 0
+        assert set(r["T_ours_by_variant"]) == variants and not r["variant_errors"]
+        assert r["T_ours"] == min(r["T_ours_by_variant"].values()) > 0
+        assert r["floor"] == max(r["T_gemm"], r["T_comm"])
+        assert r["ours_over_floor"] == pytest.approx(r["T_ours"] / r["floor"])
+        # host transport: no NCCL side-stream baseline (n/a with the reason), no TE reference
+        assert r["T_torch"] is None and "CUDA" in r["torch_error"] and r["vs_torch"] is None
+        assert r["T_te_ref"] is None and r["vs_te"] is None
+
+
 @pytest.mark.mpi
 def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
     done = _run(["benchmarks.overlap_ops", "--launch", "4", "--out", str(tmp_path)])
@@ -62,8 +76,14 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
     assert result["suite"] == "quick" and result["transport"] == "host"
     assert result["timing"]["mode"] == "host" and result["timing"]["iters"] == 3
     rows = result["rows"]
-    assert {(r["op"], r["tp"]) for r in rows} == {("ag_gemm", 4), ("gemm_rs", 4)}
-    assert {r["dtype"] for r in rows} == {"bf16", "fp8"}
+    assert {(r["op"], r["shape"], r["tp"], r["dtype"]) for r in rows} == {
+        ("ag_gemm", "fc1", 4, "bf16"),
+        ("ag_gemm", "qkv", 4, "fp8"),
+        ("gemm_rs", "fc2", 4, "bf16"),
+        ("gemm_rs", "proj", 4, "fp8"),
+        ("bulk_ag", "qkv", 4, "fp8"),
+        ("bulk_rs", "fc1", 4, "bf16"),
+    }
     on_host = {
         "ag_gemm": {"pipeline/lanes1-split1", "pipeline/lanes1-split1-staggered",
                     "pipeline/lanes2-split1", "pipeline/lanes2-split1-staggered"},
@@ -73,14 +93,24 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
     }  # fmt: skip
     for op, names in on_host.items():
         _check_rows([r for r in rows if r["op"] == op], names)
-    assert result["summary"]["rows"] == len(rows) == result["summary"]["rows_timed"]
+    # bulk rows: dgrad's shapes beside the gather (K = hidden / 128, N = QKV / tp / 128)
+    (bulk_ag,) = [r for r in rows if r["op"] == "bulk_ag"]
+    assert (bulk_ag["M"], bulk_ag["K"], bulk_ag["N"]) == (32, 64, 32)
+    _check_bulk_rows([bulk_ag], {"bulk/serial", "bulk"})
+    _check_bulk_rows(
+        [r for r in rows if r["op"] == "bulk_rs"],
+        {"bulk/serial-margin0", "bulk/serial-margin16", "bulk/margin0", "bulk/margin16"},
+    )
+    assert result["summary"]["rows"] == 4 == result["summary"]["rows_timed"]
+    assert result["summary_bulk"]["rows"] == 2 == result["summary_bulk"]["rows_timed"]
     assert {m["name"] for m in result["methods"]} >= on_host["ag_gemm"] | on_host["gemm_rs"]
     # progress on stderr (rank 0 only), table and paths on stdout
     progress = [line for line in done.stderr.splitlines() if line.startswith("[overlap_ops] ")]
-    assert [p.split()[1] for p in progress] == [f"{i}/{len(rows)}" for i in range(1, 5)]
+    assert [p.split()[1] for p in progress] == [f"{i}/{len(rows)}" for i in range(1, 7)]
     assert all("ETA" in p for p in progress)
     table = (tmp_path / "overlap_ops.txt").read_text()
     assert "summary: rows <= 1.10 x floor" in table and "best variant" in table
+    assert "bulk rows: rows <= 1.10 x floor" in table and "NCCL on a side stream" in table
     assert f"JSON: {tmp_path / 'overlap_ops.json'}" in done.stdout
     assert f"table: {tmp_path / 'overlap_ops.txt'}" in done.stdout
     if (tmp_path / "overlap_ops.png").exists():
@@ -154,6 +184,8 @@ def test_methods_added_by_import_and_a_builder_failing_on_one_rank(tmp_path: Pat
             "test-*,gemm_rs:pipeline/lanes1*",
             "--shapes",
             "qkv,proj",
+            "--ops",
+            "ag_gemm,gemm_rs",
         ]
     )
     result = json.loads((tmp_path / "overlap_ops.json").read_text())
@@ -172,13 +204,14 @@ def test_methods_added_by_import_and_a_builder_failing_on_one_rank(tmp_path: Pat
 
 BAD = [
     (["--tp", "3"], "TP sizes [3] do not divide the world size 2"),
+    (["--ops", "bulk_ag,gemm"], "unknown dtypes or ops ['gemm']"),
     (["--methods", "gemm_rs:nope*"], "--methods pattern 'gemm_rs:nope*' matches no variant"),
     (["--import", "benchmarks.no_such_module"], "No module named 'benchmarks.no_such_module'"),
 ]
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("args", "message"), BAD, ids=["tp", "methods", "import"])
+@pytest.mark.parametrize(("args", "message"), BAD, ids=["tp", "ops", "methods", "import"])
 def test_bad_selection_fails_cleanly(tmp_path: Path, args: list[str], message: str) -> None:
     if shutil.which(settings().mpirun) is None:
         pytest.skip("no mpirun")
@@ -203,7 +236,8 @@ def test_main_command_on_the_host_transport(tmp_path: Path) -> None:
     done = _run(["benchmarks.run", "--transport", "host", "--nprocs", "4", "--out", str(tmp_path)])
     for name in ("overlap_ops.json", "overlap_ops.txt", "baseline_collectives.json"):
         assert (tmp_path / name).exists(), name
-    tail = done.stdout.splitlines()[-6:]
+    tail = done.stdout.splitlines()[-7:]
     assert any(line.startswith("[bench] overlap ops: rows <= 1.10 x floor") for line in tail)
+    assert any(line.startswith("[bench] bulk overlap: rows <= 1.10 x floor") for line in tail)
     assert f"[bench] overlap ops JSON: {tmp_path / 'overlap_ops.json'}" in tail
     assert any(line.startswith("[bench] overlap ops plot: ") for line in tail)
