@@ -659,7 +659,7 @@ def table_text(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     ]
     if meta["summary"]["rows"]:
         lines.append("summary: " + summary_line(meta["summary"]))
-    if meta["summary_bulk"]["rows"]:
+    if meta.get("summary_bulk", {}).get("rows"):  # absent: no bulk rows
         lines.append("bulk rows: " + summary_line(meta["summary_bulk"], bulk=True))
     if meta["transport"] == "host":
         lines.append(

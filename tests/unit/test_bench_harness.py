@@ -23,7 +23,7 @@ def _key(r: dict) -> tuple:
 def test_quick_suite_is_a_few_rows_of_both_ops_and_dtypes_at_the_world_size() -> None:
     rows = bench.build_suite(4, full=False, cuda=True)
     assert 0 < len(rows) <= 8
-    assert {r["op"] for r in rows} == {"ag_gemm", "gemm_rs"}
+    assert {r["op"] for r in rows} == {"ag_gemm", "gemm_rs", "bulk_ag", "bulk_rs"}
     assert {r["dtype"] for r in rows} == {"bf16", "fp8"}
     assert {r["tp"] for r in rows} == {4}
     assert {r["M"] for r in rows} == {8192}
@@ -56,6 +56,20 @@ def test_full_suite_covers_design_shapes_and_te_shapes(world: int) -> None:
                 (op, d) for op in ("ag_gemm", "gemm_rs") for d in ("bf16", "fp8")
             }
             assert all((r["M"], r["K"], r["N"]) == (8192, hidden, hidden) for r in te)
+        # bulk rows (NOTE [bulk rows]): the backward of qkv and fc1, K = hidden, local N
+        bulk = {_key(r): r for r in rows if r["tp"] == tp and r["op"] in ("bulk_ag", "bulk_rs")}
+        assert set(bulk) == {
+            (op, name, m, tp, d)
+            for op in ("bulk_ag", "bulk_rs")
+            for name in ("qkv", "fc1")
+            for m in (8192, 16384)
+            for d in ("bf16", "fp8")
+        }
+        assert (
+            bulk["bulk_rs", "fc1", 8192, tp, "fp8"]["K"],
+            bulk["bulk_rs", "fc1", 8192, tp, "fp8"]["N"],
+        ) == (8192, 2 * 28672 // tp)
+        assert bulk["bulk_ag", "qkv", 16384, tp, "bf16"]["N"] == 10240 // tp
     # rows are grouped by TP size (one communicator per TP size)
     order = [r["tp"] for r in rows]
     assert order == sorted(order, key=tps.index)
@@ -69,8 +83,12 @@ def test_suite_filters_and_rejections() -> None:
     assert {r["dtype"] for r in rows} == {"fp8"}
     with pytest.raises(ValueError, match=r"TP sizes \[3\] do not divide the world size 4"):
         bench.build_suite(4, full=True, cuda=True, tp_sizes=[3])
-    with pytest.raises(ValueError, match=r"unknown dtypes \['fp16'\]"):
+    rows = bench.build_suite(4, full=True, cuda=True, ops=["bulk_rs"], shapes=["qkv"])
+    assert {(r["op"], r["shape"]) for r in rows} == {("bulk_rs", "qkv")}
+    with pytest.raises(ValueError, match=r"unknown dtypes or ops \['fp16'\]"):
         bench.build_suite(4, full=True, cuda=True, dtypes=["fp16"])
+    with pytest.raises(ValueError, match=r"unknown dtypes or ops \['bulk'\]"):
+        bench.build_suite(4, full=True, cuda=True, ops=["bulk"])
     with pytest.raises(ValueError, match=r"unknown shapes \['te8192'\]"):
         bench.build_suite(4, full=False, cuda=True, shapes=["te8192"])
     with pytest.raises(ValueError, match="leaves no row"):
@@ -157,6 +175,14 @@ def test_summary_counts_targets_and_peers() -> None:
     line = bench.summary_line(s)
     assert f"{s['rows_within_target']}/10" in line
     assert f"{s['rows_faster_than_torch']}/9" in line and "TE" in line
+    bulk = bench.summary_line(s, bulk=True)  # its torch column is NCCL on a side stream
+    assert f"NCCL on a side stream: {s['rows_faster_than_torch']}/9" in bulk
+    assert "TE" not in bulk and "async-TP" not in bulk
+    main, side = bench.split_rows([{"op": "bulk_rs"}, {"op": "ag_gemm"}, {"op": "bulk_ag"}])
+    assert [r["op"] for r in main] == ["ag_gemm"] and [r["op"] for r in side] == [
+        "bulk_rs",
+        "bulk_ag",
+    ]
 
 
 def test_table_marks_missing_peers_and_the_te_reference() -> None:
