@@ -261,16 +261,17 @@ def _cuda_setting(case: Case, kwargs: Mapping[str, Any]) -> bool:
     return case.cuda or kwargs.get("split", 1) == 1
 
 
-def _ag_pipeline(case: Case, *, lanes: int, split: int, staggered: bool) -> Runner:
+def _ag_pipeline(case: Case, *, lanes: int, split: int, staggered: bool, pieces: int = 1) -> Runner:
     """:class:`~overlap.ops.AllGatherGemm`: one op object per lane count; copies per peer
-    (``put_split``) and staggered pushes are settings, applied here (variants are built and
-    timed one after the other)."""
+    (``put_split``), staggered pushes and pieces per peer shard are settings, applied here
+    (variants are built and timed one after the other)."""
     op = case.keep(
         ("ag_pipeline", lanes),
         lambda: AllGatherGemm(case.comm, case.m, case.k, case.input_dtype, compute_lanes=lanes),
     )
     op.buffer.put_split = split
     op.staggered_puts = staggered
+    op.pieces = pieces
     return lambda: op(case.a, case.w, out=case.out)
 
 
@@ -291,6 +292,14 @@ register(
     _ag_pipeline,
     grid(lanes=(1, 2), split=(1, 2), staggered=(False, True)),
     when=_cuda_setting,
+)
+# Pieces (NOTE [ag_gemm pieces]) for the comm-bound shapes: with staggered pushes only, whose
+# first peer shard lands soonest.
+register(
+    "ag_gemm",
+    "pipeline",
+    _ag_pipeline,
+    grid(lanes=(1, 2), split=(1,), staggered=(True,), pieces=(2, 4)),
 )
 register("gemm_rs", "pipeline", _rs_pipeline, grid(lanes=(1, 2), split=(1, 2)), when=_cuda_setting)
 

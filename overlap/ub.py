@@ -191,6 +191,9 @@ class GemmOverlapConfig:
             ``BULK_RS``; a property of the shared buffer, so names with different values get
             different buffers).
         staggered_puts: push the shard to one peer after the other (``RING_AG`` only).
+        ag_pieces: pieces each peer's shard travels and is multiplied in, 1..4 (``RING_AG``
+            only; NOTE [ag_gemm pieces]: for shapes whose gather takes about as long as the
+            GEMM).
         reduce_max_blocks: bound on the reduction kernel's grid, 0 = fill the GPU
             (``PIPELINE_RS`` and ``BULK_RS``; ``None``: the op's default, 0 for
             ``PIPELINE_RS`` and 64 blocks, 16 SMs, for ``BULK_RS``, which runs beside a GEMM;
@@ -212,6 +215,7 @@ class GemmOverlapConfig:
     fp8: bool = False
     gemm_sm_margin: int | None = None
     ring_subchunks: int = 2
+    ag_pieces: int = 1
 
     def __post_init__(self) -> None:
         if self.method is not None and not isinstance(self.method, OverlapMethod):
@@ -229,6 +233,7 @@ class GemmOverlapConfig:
         )
         _check_int("GemmOverlapConfig.gemm_sm_margin", self.gemm_sm_margin, 0, None, optional=True)
         _check_int("GemmOverlapConfig.ring_subchunks", self.ring_subchunks, 1, 4)
+        _check_int("GemmOverlapConfig.ag_pieces", self.ag_pieces, 1, 4)
         for field in ("staggered_puts", "fp8"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(
@@ -525,6 +530,7 @@ class Userbuffers:
                 *args,
                 compute_lanes=cfg.lanes,
                 staggered_puts=cfg.staggered_puts,
+                pieces=cfg.ag_pieces,
                 name=name,
                 buffer=buffer,
             )

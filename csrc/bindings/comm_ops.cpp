@@ -96,11 +96,13 @@ float* scalar(const SymmetricBuffer& buf, const std::optional<TensorRef>& t, con
   return static_cast<float*>(t->data);
 }
 
-comm::OverlapConfig config(int compute_lanes, int reduce_max_blocks, bool staggered_puts) {
+comm::OverlapConfig config(int compute_lanes, int reduce_max_blocks, bool staggered_puts,
+                           int ag_pieces = 1) {
   comm::OverlapConfig c;
   c.compute_lanes = compute_lanes;
   c.reduce_max_blocks = reduce_max_blocks;
   c.staggered_puts = staggered_puts;
+  c.ag_pieces = ag_pieces;
   return c;
 }
 
@@ -137,7 +139,7 @@ void register_comm_ops(py::module_& m) {
       [](SymmetricBuffer& buf, py::handle a, const py::sequence& b, const py::sequence& out,
          bool transb, py::handle a_scale_inv, const py::sequence& b_scale_inv,
          const py::sequence& bias, bool gelu, float alpha, bool fast_accum, int sm_count,
-         int compute_lanes, bool staggered_puts, std::uintptr_t stream) {
+         int compute_lanes, bool staggered_puts, int pieces, std::uintptr_t stream) {
         constexpr const char* kOp = "ag_gemm";
         const std::size_t num = py::len(b);
         OVERLAP_CHECK_ARG(
@@ -169,14 +171,14 @@ void register_comm_ops(py::module_& m) {
           }
         }
         py::gil_scoped_release release;
-        comm::ag_gemm(buf, ao, weights, config(compute_lanes, 0, staggered_puts),
+        comm::ag_gemm(buf, ao, weights, config(compute_lanes, 0, staggered_puts, pieces),
                       stream_from_py(stream));
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
       py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv"),
       py::arg("bias"), py::arg("gelu") = false, py::arg("alpha") = 1.0f,
       py::arg("fast_accum") = false, py::arg("sm_count") = 0, py::arg("compute_lanes") = 1,
-      py::arg("staggered_puts") = false, py::arg("stream") = 0,
+      py::arg("staggered_puts") = false, py::arg("pieces") = 1, py::arg("stream") = 0,
       "out[w] = AllGather(a) @ op(b[w]) for every weight w, one gather (b, out, b_scale_inv, "
       "bias: lists of one entry per weight); see csrc/comm/overlap/overlap_ops.h.");
   c.def(

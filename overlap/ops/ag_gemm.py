@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["AllGatherGemm"]
 
 _OP = "ag_gemm"
+MAX_AG_PIECES = 4  # kMaxAgPieces in csrc/comm/overlap/overlap_ops.h
 
 
 class AllGatherGemm:
@@ -59,6 +60,11 @@ class AllGatherGemm:
             starts as soon as it has landed, even while the previous chunk's GEMM runs.
         staggered_puts: push the shard to one peer after the other instead of to all at once
             (the first peer chunk lands sooner; NOTE [ag_gemm schedule]). Same result.
+        pieces: pieces each peer's shard travels and is multiplied in, 1..4 (NOTE [ag_gemm
+            pieces]): a piece's GEMM starts once it has landed, so where the gather takes
+            about as long as the GEMM the op ends sooner; smaller GEMMs are less efficient, so
+            GEMM-bound shapes want 1 (the default). Every rank must use the same value. Same
+            result.
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
             least :meth:`buffer_bytes` bytes; see NOTE [shared op buffers]).
@@ -91,17 +97,21 @@ class AllGatherGemm:
         *,
         compute_lanes: int = 2,
         staggered_puts: bool = False,
+        pieces: int = 1,
         name: str = "ag_gemm",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
         tp = comm.group.size
         check_sizes(_OP, tp, max_tokens, ("in_features", in_features), compute_lanes)
+        if isinstance(pieces, bool) or pieces not in range(1, MAX_AG_PIECES + 1):
+            raise InvalidArgumentError(f"{_OP}: pieces must be 1..{MAX_AG_PIECES}, got {pieces!r}")
         self.tp = tp
         self.max_tokens = int(max_tokens)
         self.in_features = int(in_features)
         self.dtype = dtype
         self.compute_lanes = int(compute_lanes)
         self.staggered_puts = bool(staggered_puts)
+        self.pieces = int(pieces)
         self.device = op_device(comm)
         nbytes = self.buffer_bytes(tp, self.max_tokens, self.in_features, dtype)
         self._owns_buffer = buffer is None
@@ -218,6 +228,7 @@ class AllGatherGemm:
             bias=biases,
             gelu=gelu,
             staggered_puts=self.staggered_puts,
+            pieces=self.pieces,
             **kwargs,
         )
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None

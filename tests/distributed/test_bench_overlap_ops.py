@@ -86,7 +86,11 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
     }
     on_host = {
         "ag_gemm": {"pipeline/lanes1-split1", "pipeline/lanes1-split1-staggered",
-                    "pipeline/lanes2-split1", "pipeline/lanes2-split1-staggered"},
+                    "pipeline/lanes2-split1", "pipeline/lanes2-split1-staggered",
+                    "pipeline/lanes1-split1-staggered-pieces2",
+                    "pipeline/lanes1-split1-staggered-pieces4",
+                    "pipeline/lanes2-split1-staggered-pieces2",
+                    "pipeline/lanes2-split1-staggered-pieces4"},
         "gemm_rs": {"pipeline/lanes1-split1", "pipeline/lanes2-split1",
                     "ring/lanes1-subchunks2", "ring/lanes1-subchunks4",
                     "ring/lanes2-subchunks2", "ring/lanes2-subchunks4"},
@@ -159,7 +163,12 @@ def test_full_suite_options_with_tp2_subgroups(tmp_path: Path) -> None:
     assert all(r["dtype"] == "fp8" for r in rows)
     _check_rows(
         [r for r in rows if r["op"] == "ag_gemm"],
-        {"pipeline/lanes1-split1", "pipeline/lanes1-split1-staggered"},
+        {
+            "pipeline/lanes1-split1",
+            "pipeline/lanes1-split1-staggered",
+            "pipeline/lanes1-split1-staggered-pieces2",
+            "pipeline/lanes1-split1-staggered-pieces4",
+        },
     )
     _check_rows(
         [r for r in rows if r["op"] == "gemm_rs"],

@@ -103,6 +103,7 @@ def test_pipelined_dgrad_leaves_wgrad_nothing_to_scatter() -> None:
         ({"reduce_max_blocks": -1}, "reduce_max_blocks: -1 is not an int in >= 0"),
         ({"gemm_sm_margin": 1.5}, "gemm_sm_margin: 1.5 is not an int in >= 0"),
         ({"fp8": 1}, "fp8: 1 must be True or False"),
+        ({"ag_pieces": 5}, "ag_pieces: 5 is not an int in 1..4"),
     ],
 )
 def test_gemm_config_rejects(kwargs: dict[str, object], match: str) -> None:
@@ -229,6 +230,15 @@ def test_buffers_are_shared_per_kind_and_counted() -> None:
     assert "proj_wgrad  none         False -     not overlapped" in table
     assert "shared by qkv_fprop, proj_dgrad, fc1_fprop, fc2_dgrad" in table
     assert "shared by qkv_dgrad, fc1_dgrad" in table and "shared by qkv_wgrad, fc1_wgrad" in table
+
+
+def test_ag_pieces_reach_the_op_and_share_the_buffer() -> None:
+    ub = init(shape=(64, 32), ub_cfgs={"qkv_fprop": GemmOverlapConfig(ag_pieces=3)})
+    qkv, fc1 = ub.get("qkv_fprop"), ub.get("fc1_fprop")
+    assert qkv.pieces == 3 and fc1.pieces == 1 and qkv.buffer is fc1.buffer
+    x, w = rand(64, 32, seed=3), rand(24, 32, seed=4)
+    assert torch.equal(qkv(x, w), gemm(x, w, transb=True))
+    ub.destroy()
 
 
 def test_fp8_and_put_split_get_their_own_buffers() -> None:

@@ -1,6 +1,7 @@
 // AG -> GEMM: Y = AllGather(X_shard) @ op(W), each peer's shard multiplied as it arrives.
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/op_protocol.h"
@@ -45,10 +46,50 @@ gemm::GemmOutput chunk_output(const gemm::GemmOutput& d, std::int64_t m, int j) 
   return c;
 }
 
+// NOTE [ag_gemm pieces]: a peer's shard may travel in P pieces (config.ag_pieces), piece p =
+// rows [lo(p), lo(p + 1)) of the shard, each pushed, announced and multiplied on its own, so
+// the GEMM of a piece starts once that piece has landed instead of the whole shard. Where the
+// gather is about as long as the GEMM (a comm-bound pipeline), the op ends with the GEMM of
+// the last piece to land rather than of the last shard: about T_comm + T_gemm / (n P) instead
+// of T_comm + T_gemm / n. Pieces cost smaller (less efficient) GEMMs and more flags, so P = 1
+// (the default) suits GEMM-bound shapes. The local shard is never split (it waits for
+// nothing). Piece p of the shard from rank j is announced on the one flag j -> r (kData) by the
+// value e + p (e = the op's epoch): the pieces of one sender travel in order on one set of
+// lanes, so "flag >= e + p" means pieces 0..p have landed (like NOTE [ring sub-epochs] in
+// gemm_rs_ring.cpp). Every ag_gemm therefore takes kAgGemmEpochs epochs, whatever P, so that
+// ranks stay in step even if one passes a different P (the op record, which includes P, then
+// reports the mismatch).
+class Pieces {
+ public:
+  Pieces(std::int64_t m, int pieces)
+      : m_(m), p_(static_cast<int>(std::min<std::int64_t>(std::max(1, pieces), m))) {}
+  int count() const { return p_; }
+  std::int64_t lo(int p) const { return m_ * p / p_; }
+  std::int64_t rows(int p) const { return lo(p + 1) - lo(p); }
+
+ private:
+  std::int64_t m_;
+  int p_;
+};
+
+// Piece p of chunk j (the whole chunk for the local shard, j == rank): its operand and output.
+gemm::GemmOperand piece_operand(const SymmetricBuffer& buf, const gemm::GemmOperand& shard,
+                                const AgGemmLayout& l, int j, const Pieces& pc, int p) {
+  const gemm::GemmOperand c = chunk_operand(buf, shard, l, j);
+  return j == buf.rank() ? c : detail::row_block(c, pc.lo(p), pc.rows(p));
+}
+
+gemm::GemmOutput piece_output(const SymmetricBuffer& buf, const gemm::GemmOutput& d, std::int64_t m,
+                              int j, const Pieces& pc, int p) {
+  gemm::GemmOutput c = chunk_output(d, m, j);
+  if (j != buf.rank()) c.row_offset += pc.lo(p);
+  return c;
+}
+
 // The rules of one weight and its output; `index` >= 0 names the weight in messages (several
 // weights), -1 for a single one.
 void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
-                  const AgGemmLayout& l, const AgGemmWeight& x, int index,
+                  const AgGemmLayout& l, const Pieces& pc, const AgGemmWeight& x, int index,
                   const gemm::GemmTarget& target) {
   const std::string which = index < 0 ? "" : " (weight " + std::to_string(index) + ")";
   const int n = buf.size();
@@ -66,13 +107,16 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                        "implemented); use a bfloat16/float16/float32 output");
   OVERLAP_CHECK_ARG(x.options.beta == 0.0f,
                     kOp << which << ": beta must be 0 (got " << x.options.beta << ")");
-  for (int j : {r, (r + 1) % n, (r + n - 1) % n}) {  // own shard; buffer slots (first, last)
-    try {
-      gemm::validate_gemm(chunk_operand(buf, a_shard, l, j), x.b, chunk_output(d, m, j), x.options,
-                          target);
-    } catch (const Error& e) {
-      if (index < 0) throw;
-      throw Error(e.kind(), kOp + which + ": " + e.what());
+  // The own shard, then every piece of the first and the last buffer slot.
+  for (int j : {r, (r + 1) % n, (r + n - 1) % n}) {
+    for (int p = 0; p < (j == r ? 1 : pc.count()); ++p) {
+      try {
+        gemm::validate_gemm(piece_operand(buf, a_shard, l, j, pc, p), x.b,
+                            piece_output(buf, d, m, j, pc, p), x.options, target);
+      } catch (const Error& e) {
+        if (index < 0) throw;
+        throw Error(e.kind(), kOp + which + ": " + e.what());
+      }
     }
   }
 }
@@ -136,16 +180,21 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   const AgGemmLayout l = ag_gemm_layout(
       n, static_cast<std::size_t>(m * a_shard.cols) * dtype_size(a_shard.dtype), scaled);
   detail::check_fits(buf, l.bytes, kOp);
+  OVERLAP_CHECK(
+      config.ag_pieces >= 1 && config.ag_pieces <= kMaxAgPieces, kConfig,
+      kOp << ": ag_pieces must be in [1, " << kMaxAgPieces << "], got " << config.ag_pieces);
+  const Pieces pc(m, config.ag_pieces);
   const gemm::GemmTarget target = gemm::gemm_target(t.device());
   for (std::size_t w = 0; w < weights.size(); ++w) {
-    check_weight(buf, a_shard, l, weights[w], weights.size() > 1 ? static_cast<int>(w) : -1,
+    check_weight(buf, a_shard, l, pc, weights[w], weights.size() > 1 ? static_cast<int>(w) : -1,
                  target);
   }
   const int lanes_c = config.compute_lanes;
   const int split = buf.put_split();
   std::uint64_t arg = 0;
-  for (std::uint64_t v : {std::uint64_t(m), std::uint64_t(a_shard.cols),
-                          std::uint64_t(a_shard.dtype), std::uint64_t(scaled)}) {
+  for (std::uint64_t v :
+       {std::uint64_t(m), std::uint64_t(a_shard.cols), std::uint64_t(a_shard.dtype),
+        std::uint64_t(scaled), std::uint64_t(pc.count())}) {
     arg = mix_arg(arg, v);
   }
 
@@ -154,6 +203,9 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // lanes wait for that peer's (NOTE [deferred acknowledgements]).
   const std::uint64_t epoch =
       begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
+  for (std::uint64_t i = 1; i < kAgGemmEpochs; ++i) {  // NOTE [ag_gemm pieces]
+    t.note_op(buf, buf.next_epoch(), stream);
+  }
   // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial
   // puts] in symmetric_buffer.h); otherwise a set of lanes per peer.
   const bool serial = config.staggered_puts;
@@ -166,20 +218,26 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
     const int peer = (r + i) % n;
     const int first = lanes_c + (serial ? 0 : (i - 1) * split);
     wait_ack(buf, epoch, peer, kOp, stream, first);
-    for (int s = 1; s < split; ++s) t.lane_wait(stream, first + s, first);
-    const std::size_t slice = (l.shard_bytes + split - 1) / split;
-    for (int s = 0; s < split; ++s) {
-      const std::size_t begin = std::min(l.shard_bytes, s * slice);
-      const std::size_t bytes = std::min(l.shard_bytes - begin, slice);
-      t.put(buf.data(peer) + r * l.shard_bytes + begin,
-            static_cast<const char*>(a_shard.data) + begin, bytes, stream, first + s);
-    }
-    if (scaled) {
+    if (scaled) {  // with the first piece
       t.put(buf.data(peer) + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float),
             stream, first);
     }
-    for (int s = 1; s < split; ++s) t.lane_wait(stream, first, first + s);
-    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
+    const std::size_t row_bytes = l.shard_bytes / static_cast<std::size_t>(m);
+    for (int p = 0; p < pc.count(); ++p) {
+      const std::size_t offset = static_cast<std::size_t>(pc.lo(p)) * row_bytes;
+      const std::size_t piece = static_cast<std::size_t>(pc.rows(p)) * row_bytes;
+      for (int s = 1; s < split; ++s) t.lane_wait(stream, first + s, first);
+      const std::size_t slice = (piece + split - 1) / split;
+      for (int s = 0; s < split; ++s) {
+        const std::size_t begin = offset + std::min(piece, s * slice);
+        const std::size_t bytes = std::min(offset + piece - begin, slice);
+        t.put(buf.data(peer) + r * l.shard_bytes + begin,
+              static_cast<const char*>(a_shard.data) + begin, bytes, stream, first + s);
+      }
+      for (int s = 1; s < split; ++s) t.lane_wait(stream, first, first + s);
+      t.signal(buf.flag(peer, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(p), stream,
+               first);
+    }
   }
   // Our own slot, so that the buffer holds the whole gathered input; after the remote puts of
   // the last lane, off the critical path. Nothing in this op reads it.
@@ -189,21 +247,26 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
     t.put(own + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float), stream,
           own_lane);
   }
-  // Chunk GEMMs: our own first, then peers r-1, r-2, ... (GEMM q = s W + w on lane q % C).
+  // Chunk GEMMs: our own first, then peers r-1, r-2, ..., each in its pieces (GEMM q, the
+  // q-th of the (chunk, piece, weight) sequence, on lane q % C).
   const int num_weights = static_cast<int>(weights.size());
-  std::vector<int> landed(lanes_c, r);  // per lane: the last chunk it waited for (r: none)
+  std::vector<std::pair<int, int>> landed(lanes_c, {r, 0});  // per lane: last (chunk, piece)
+  int q = 0;
   for (int s = 0; s < n; ++s) {
     const int j = (r + n - s) % n;
-    for (int w = 0; w < num_weights; ++w) {
-      const int lane = (s * num_weights + w) % lanes_c;
-      if (j != r && landed[lane] != j) {
-        WaitContext ctx{kOp, r, j, s, epoch, buf.timeout_s()};
-        t.wait(buf.flag(r, j, FlagSlot::kData), epoch, ctx, stream, lane);
-        landed[lane] = j;
+    for (int p = 0; p < (j == r ? 1 : pc.count()); ++p) {
+      for (int w = 0; w < num_weights; ++w, ++q) {
+        const int lane = q % lanes_c;
+        if (j != r && landed[lane] != std::make_pair(j, p)) {
+          const std::uint64_t value = epoch + static_cast<std::uint64_t>(p);
+          WaitContext ctx{kOp, r, j, s, value, buf.timeout_s()};
+          t.wait(buf.flag(r, j, FlagSlot::kData), value, ctx, stream, lane);
+          landed[lane] = {j, p};
+        }
+        const AgGemmWeight& x = weights[w];
+        t.gemm(piece_operand(buf, a_shard, l, j, pc, p), x.b, piece_output(buf, x.d, m, j, pc, p),
+               x.options, stream, lane);
       }
-      const AgGemmWeight& x = weights[w];
-      t.gemm(chunk_operand(buf, a_shard, l, j), x.b, chunk_output(x.d, m, j), x.options, stream,
-             lane);
     }
   }
   t.join(stream);

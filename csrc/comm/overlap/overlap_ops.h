@@ -35,9 +35,17 @@ struct OverlapConfig {
   // gemm_rs_ring: sub-chunks each rank's chunk is split into, 1..kMaxRingSubchunks (NOTE
   // [gemm_rs_ring schedule]: with 1, every hop waits for the neighbour's whole GEMM).
   int ring_subchunks = 2;
+  // ag_gemm: pieces each peer's shard is pushed, announced and multiplied in, 1..kMaxAgPieces
+  // (NOTE [ag_gemm pieces]: the GEMM of a piece starts once that piece has landed).
+  int ag_pieces = 1;
 };
 constexpr int kMaxComputeLanes = 4;
 constexpr int kMaxRingSubchunks = 4;
+constexpr int kMaxAgPieces = 4;
+// Epochs an ag_gemm takes on its buffer (NOTE [ag_gemm pieces]): odd, >= kMaxAgPieces, and
+// independent of the call's arguments.
+constexpr std::uint64_t kAgGemmEpochs = 5;
+static_assert(kAgGemmEpochs % 2 == 1 && kAgGemmEpochs >= kMaxAgPieces);
 
 // ---- AG -> GEMM ------------------------------------------------------------------------------
 
@@ -61,6 +69,8 @@ AgGemmLayout ag_gemm_layout(int size, std::size_t shard_bytes, bool scaled);
 //   amax over chunk GEMMs is not implemented).
 // options: the GEMM's options (alpha, bias, gelu, fast_accum, sm_count; beta == 0).
 // After the op, the buffer holds the gathered input (NOTE [ag_gemm layout]) until the next op.
+// config.ag_pieces splits each peer's shard (NOTE [ag_gemm pieces]); every op takes
+// kAgGemmEpochs epochs of the buffer whatever the pieces.
 void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream);

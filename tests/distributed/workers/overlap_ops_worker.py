@@ -117,6 +117,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             ag = AllGatherGemm(comm, n * m + 3 * trial, k, dtype, compute_lanes=lanes)
             ag.buffer.put_split = 1 + (trial + use_fp8) % 3  # copies per peer: same result
             ag.staggered_puts = trial % 2 == 0  # push order: same result
+            ag.pieces = 1 + (trial + use_fp8) % 4  # pieces per peer shard (<= m): same result
             x = rand(m, k, gen)
             w = rand(nout, k, gen, 0.1)
             xs = fp8(x, 8.0 * (1 + tp.rank)) if use_fp8 else x
@@ -266,6 +267,7 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
             if tp.rank == slow:
                 delay(0.04 * (i % 3))
             x = xs[i].clone()
+            ag.pieces = 1 + i % 3  # several epochs per op (NOTE [ag_gemm pieces])
             got_ag.append(ag(x, w).clone())
             got_two.append([y.clone() for y in ag(x, (w2, w))])  # two weights, one gather
             # Stream order: the op has read its input by now (its copy lanes joined back).
@@ -349,6 +351,12 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     raises(ConfigError, "ring_subchunks", lambda: _bad_subchunks(ring, y, w))
     raises(
         InvalidArgumentError,
+        "pieces must be 1..4",
+        lambda: AllGatherGemm(comm, n * m, k, torch.bfloat16, pieces=0),
+    )
+    raises(ConfigError, "ag_pieces must be in [1, 4]", lambda: _bad_pieces(ag, x, w))
+    raises(
+        InvalidArgumentError,
         "needs out_scale",
         lambda: _fp8_rs_without_scale(comm, n, k, gen, "ring"),
     )
@@ -384,6 +392,15 @@ def _bad_lanes(ag: AllGatherGemm, x: torch.Tensor, w: torch.Tensor) -> None:
         ag(x, w)
     finally:
         ag.compute_lanes = lanes
+
+
+def _bad_pieces(ag: AllGatherGemm, x: torch.Tensor, w: torch.Tensor) -> None:
+    pieces = ag.pieces
+    ag.pieces = 5  # bypasses the constructor's check: the core refuses it
+    try:
+        ag(x, w)
+    finally:
+        ag.pieces = pieces
 
 
 def _bad_bias(ag: AllGatherGemm, x: torch.Tensor, w: torch.Tensor) -> None:
