@@ -67,7 +67,9 @@ class CudaGraph:
 
     @property
     def ops(self) -> int:
-        """Communication ops captured (0 before :meth:`capture`)."""
+        """Epochs of communication ops captured (0 before :meth:`capture`): one per op, more
+        for the ops that take several (AG+GEMM, ring GEMM+RS; NOTE [ag_gemm pieces], NOTE
+        [ring sub-epochs])."""
         return 0 if self._log is None else int(self._log.ops)
 
     @contextlib.contextmanager
