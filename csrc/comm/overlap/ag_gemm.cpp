@@ -134,7 +134,8 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 //           |          |      |   signal kData                                               |
 //   ...     |          |      | ... (S lanes per peer, joined before the peer's signal)      |
 //   put n-1 |          |      | wait kAck(r-1), put shard + scale_inv -> slot r of rank r-1, |
-//           |          |      |   signal kData; then our own shard -> our slot r             |
+//           |          |      |   signal kData                                               |
+//   own     |          |      | our own shard -> our slot r                                  |
 // clang-format on
 //
 // Chunk j's GEMM writes rows [j m, (j + 1) m) of Y straight into the output (row_offset). The
@@ -207,13 +208,25 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
     t.note_op(buf, buf.next_epoch(), stream);
   }
   // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial
-  // puts] in symmetric_buffer.h); otherwise a set of lanes per peer.
+  // puts] in symmetric_buffer.h); otherwise a set of lanes per peer. Then one lane for our own
+  // slot's copy. The put lanes announce each piece themselves: an announcement lane (as in the
+  // all-gather, NOTE [announcement lane] in collectives.cpp) made this op slower on 4xH200
+  // (qkv fp8 TP4: 0.31 -> 0.35 ms), its event edges waiting behind the chunk GEMMs.
   const bool serial = config.staggered_puts;
   const int put_lanes = serial ? split : std::max(1, (n - 1) * split);
-  t.fork(stream, lanes_c + put_lanes);
+  const int own_lane = lanes_c + put_lanes;
+  t.fork(stream, own_lane + 1);
+  // Our own slot, so that the buffer holds the whole gathered input: beside the pushes (a local
+  // copy, which would otherwise end the op after the last push). Nothing in this op reads it.
   char* const own = buf.data(r);
+  t.put(own + r * l.shard_bytes, a_shard.data, l.shard_bytes, stream, own_lane);
+  if (scaled) {
+    t.put(own + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float), stream,
+          own_lane);
+  }
   // Pushes first: the host transport runs in program order, so every rank must publish its
   // shard before it waits for any peer's.
+  const std::size_t row_bytes = l.shard_bytes / static_cast<std::size_t>(m);
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
     const int first = lanes_c + (serial ? 0 : (i - 1) * split);
@@ -222,7 +235,6 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
       t.put(buf.data(peer) + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float),
             stream, first);
     }
-    const std::size_t row_bytes = l.shard_bytes / static_cast<std::size_t>(m);
     for (int p = 0; p < pc.count(); ++p) {
       const std::size_t offset = static_cast<std::size_t>(pc.lo(p)) * row_bytes;
       const std::size_t piece = static_cast<std::size_t>(pc.rows(p)) * row_bytes;
@@ -238,14 +250,6 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
       t.signal(buf.flag(peer, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(p), stream,
                first);
     }
-  }
-  // Our own slot, so that the buffer holds the whole gathered input; after the remote puts of
-  // the last lane, off the critical path. Nothing in this op reads it.
-  const int own_lane = lanes_c + put_lanes - 1;
-  t.put(own + r * l.shard_bytes, a_shard.data, l.shard_bytes, stream, own_lane);
-  if (scaled) {
-    t.put(own + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float), stream,
-          own_lane);
   }
   // Chunk GEMMs: our own first, then peers r-1, r-2, ..., each in its pieces (GEMM q, the
   // q-th of the (chunk, piece, weight) sequence, on lane q % C).
