@@ -320,7 +320,7 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     raises(UnsupportedHardwareError, "FP8 outputs", lambda: ag(x, w, out_dtype=E4M3))
     raises(InvalidArgumentError, "multiple of the TP size", lambda: rs(rand(n * m - 1, k, gen), w))
     raises(InvalidArgumentError, "needs out_scale", lambda: _fp8_rs_without_scale(comm, n, k, gen))
-    raises(ConfigError, "compute_lanes", lambda: _bad_lanes(ag, x, w))
+    raises(ConfigError, "compute_lanes", lambda: _bypassing(ag, "compute_lanes", 9, x, w))
     # Several weights: every one is checked before the op, the last one included.
     raises(InvalidArgumentError, "(weight 2): weight", lambda: ag(x, [w, w, rand(nout, 16, gen)]))
     raises(InvalidArgumentError, "(weight 1): gemm: the bias", lambda: _bad_bias(ag, x, w))
@@ -348,13 +348,13 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
         "ring_subchunks",
         lambda: GemmReduceScatter(comm, n, 16, torch.bfloat16, method="ring", ring_subchunks=5),
     )
-    raises(ConfigError, "ring_subchunks", lambda: _bad_subchunks(ring, y, w))
+    raises(ConfigError, "ring_subchunks", lambda: _bypassing(ring, "ring_subchunks", 7, y, w))
     raises(
         InvalidArgumentError,
         "pieces must be 1..4",
         lambda: AllGatherGemm(comm, n * m, k, torch.bfloat16, pieces=0),
     )
-    raises(ConfigError, "ag_pieces must be in [1, 4]", lambda: _bad_pieces(ag, x, w))
+    raises(ConfigError, "ag_pieces must be in [1, 4]", lambda: _bypassing(ag, "pieces", 5, x, w))
     raises(
         InvalidArgumentError,
         "needs out_scale",
@@ -385,35 +385,19 @@ def _fp8_rs_without_scale(
         rs.destroy()
 
 
-def _bad_lanes(ag: AllGatherGemm, x: torch.Tensor, w: torch.Tensor) -> None:
-    lanes = ag.compute_lanes
-    ag.compute_lanes = 9  # bypasses the constructor's check: the core refuses it
+def _bypassing(op: object, setting: str, value: int, x: torch.Tensor, w: torch.Tensor) -> None:
+    """``op(x, w)`` with ``op.<setting> = value`` set past the constructor's check (the core
+    must refuse it), then the setting restored."""
+    kept = getattr(op, setting)
+    setattr(op, setting, value)
     try:
-        ag(x, w)
+        op(x, w)  # type: ignore[operator]
     finally:
-        ag.compute_lanes = lanes
-
-
-def _bad_pieces(ag: AllGatherGemm, x: torch.Tensor, w: torch.Tensor) -> None:
-    pieces = ag.pieces
-    ag.pieces = 5  # bypasses the constructor's check: the core refuses it
-    try:
-        ag(x, w)
-    finally:
-        ag.pieces = pieces
+        setattr(op, setting, kept)
 
 
 def _bad_bias(ag: AllGatherGemm, x: torch.Tensor, w: torch.Tensor) -> None:
     ag(x, [w, w], bias=[None, torch.ones(w.shape[0], device=DEVICE)])  # float32 bias: refused
-
-
-def _bad_subchunks(rs: GemmReduceScatter, y: torch.Tensor, w: torch.Tensor) -> None:
-    sub = rs.ring_subchunks
-    rs.ring_subchunks = 7  # bypasses the constructor's check: the core refuses it
-    try:
-        rs(y, w)
-    finally:
-        rs.ring_subchunks = sub
 
 
 def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
