@@ -190,7 +190,8 @@ class GemmOverlapConfig:
         put_split: copies carrying one shard to one peer, 1..8 (``RING_AG``, ``BULK_AG`` and
             ``BULK_RS``; a property of the shared buffer, so names with different values get
             different buffers).
-        staggered_puts: push the shard to one peer after the other (``RING_AG`` only).
+        staggered_puts: push the shard to one peer after the other (``RING_AG`` only; the
+            default, as :class:`~overlap.ops.AllGatherGemm`'s).
         ag_pieces: pieces each peer's shard travels and is multiplied in, 1..4 (``RING_AG``
             only; NOTE [ag_gemm pieces]: for shapes whose gather takes about as long as the
             GEMM).
@@ -210,7 +211,7 @@ class GemmOverlapConfig:
     method: OverlapMethod | None = None
     compute_lanes: int | None = None
     put_split: int = 1
-    staggered_puts: bool = False
+    staggered_puts: bool = True
     reduce_max_blocks: int | None = None
     fp8: bool = False
     gemm_sm_margin: int | None = None

@@ -30,7 +30,8 @@ struct OverlapConfig {
   int reduce_max_blocks = 0;
   // ag_gemm: push the shard to one peer after the other (r+1 first) instead of to all at
   // once. Each push then has the copy engines to itself, so the first peer chunk lands after
-  // about 1/(size-1) of the all-gather time, not at its end (NOTE [ag_gemm schedule]).
+  // about 1/(size-1) of the all-gather time, not at its end (NOTE [ag_gemm schedule]). The
+  // Python op and initialize_ub default to it.
   bool staggered_puts = false;
   // gemm_rs_ring: sub-chunks each rank's chunk is split into, 1..kMaxRingSubchunks (NOTE
   // [gemm_rs_ring schedule]: with 1, every hop waits for the neighbour's whole GEMM).
