@@ -82,6 +82,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -412,6 +413,18 @@ def time_variants(
     return times, errors
 
 
+@dataclass(frozen=True)
+class RowRun:
+    """What every row runs with: the TP group (communicator and ProcessGroup), the variants,
+    the transport and the timer (ms of a callable, max over ranks)."""
+
+    comm: Communicator
+    group: Any
+    variants: Sequence[Variant]
+    cuda: bool
+    timer: Callable[[Callable[[], object]], float]
+
+
 def bench_row(
     row: dict[str, Any],
     comm: Communicator,
@@ -422,15 +435,20 @@ def bench_row(
     timer: Callable[[Callable[[], object]], float],
 ) -> dict[str, Any]:
     """Every time of one row (COLLECTIVE over the world: all TP groups run it at once)."""
-    if row["op"] in BULK_OPS:
-        return bench_bulk_row(row, comm, group, variants, cuda=cuda, timer=timer)
-    tp = comm.group.size
-    fp8 = row["dtype"] == "fp8"
-    device, randn = _row_inputs(cuda)
-    m_all, k, n = row["M"], row["K"], row["N"]
-    out: dict[str, Any] = dict(row)
+    run = RowRun(comm, group, variants, cuda, timer)
+    times = _bench_bulk_row if row["op"] in BULK_OPS else _bench_overlap_row
+    return add_metrics(times(dict(row), run, *_row_inputs(cuda)))
+
+
+def _bench_overlap_row(
+    out: dict[str, Any], run: RowRun, device: torch.device, randn: Callable[..., torch.Tensor]
+) -> dict[str, Any]:
+    """The times of an AG+GEMM or GEMM+RS row, added to ``out`` (the row)."""
+    comm, group, variants, cuda, timer = run.comm, run.group, run.variants, run.cuda, run.timer
+    tp, fp8 = comm.group.size, out["dtype"] == "fp8"
+    m_all, k, n = out["M"], out["K"], out["N"]
     w = operand(randn(n, k) * 0.05, fp8)
-    if row["op"] == "ag_gemm":
+    if out["op"] == "ag_gemm":
         a = operand(randn(m_all // tp, k), fp8, amax_group=group)
         gemms = gemm_times(operand(randn(m_all, k), fp8), w, tp, timer)
         out["T_comm"] = timer(lambda: all_gather_rows(data_of(a)[0], group))
@@ -450,7 +468,7 @@ def bench_row(
         )
     out["T_gemm"] = min(gemms.values())
     out["T_gemm_whole"], out["T_gemm_chunked"] = gemms["whole"], gemms["chunked"]
-    case = Case(row["op"], comm, m_all, k, n, a, w, y, fp8, cuda, group=group)
+    case = Case(out["op"], comm, m_all, k, n, a, w, y, fp8, cuda, group=group)
     out["T_ours_by_variant"], out["variant_errors"] = time_variants(case, variants, timer)
 
     out["T_torch"] = None
@@ -458,13 +476,13 @@ def bench_row(
         out["torch_error"] = "needs CUDA symmetric memory (host transport)"
     else:
         try:
-            out["torch_op"], fn = torch_async_tp(row["op"], a, w, group.group_name)
+            out["torch_op"], fn = torch_async_tp(out["op"], a, w, group.group_name)
             out["T_torch"] = timer(fn)
         except Exception as exc:  # any failure of torch's op is reported as n/a
             out["torch_error"] = _describe(exc)
-    te = te_reference(row, cuda)
+    te = te_reference(out, cuda)
     out["T_te_ref"], out["te_ref_method"] = te if te else (None, None)
-    return add_metrics(out)
+    return out
 
 
 def _row_inputs(cuda: bool) -> tuple[torch.device, Callable[..., torch.Tensor]]:
@@ -479,23 +497,15 @@ def _row_inputs(cuda: bool) -> tuple[torch.device, Callable[..., torch.Tensor]]:
     return device, randn
 
 
-def bench_bulk_row(
-    row: dict[str, Any],
-    comm: Communicator,
-    group: Any,
-    variants: Sequence[Variant],
-    *,
-    cuda: bool,
-    timer: Callable[[Callable[[], object]], float],
+def _bench_bulk_row(
+    out: dict[str, Any], run: RowRun, device: torch.device, randn: Callable[..., torch.Tensor]
 ) -> dict[str, Any]:
-    """Every time of one bulk row (NOTE [bulk rows]; COLLECTIVE over the world)."""
-    tp = comm.group.size
-    fp8 = row["dtype"] == "fp8"
-    device, randn = _row_inputs(cuda)
-    m_all, k, n = row["M"], row["K"], row["N"]
-    out: dict[str, Any] = dict(row)
+    """The times of a bulk row (NOTE [bulk rows]), added to ``out`` (the row)."""
+    comm, group, variants, cuda, timer = run.comm, run.group, run.variants, run.cuda, run.timer
+    tp, fp8 = comm.group.size, out["dtype"] == "fp8"
+    m_all, k, n = out["M"], out["K"], out["N"]
     y = None
-    if row["op"] == "bulk_ag":  # gather wgrad's input while dgrad runs
+    if out["op"] == "bulk_ag":  # gather wgrad's input while dgrad runs
         a = operand(randn(m_all // tp, k), fp8, amax_group=group)
         side = SideGemm(
             operand(randn(m_all, n), fp8),
@@ -530,7 +540,7 @@ def bench_bulk_row(
         side_gemm()
 
     out["T_seq"] = timer(sequential)
-    case = Case(row["op"], comm, m_all, k, n, a, None, y, fp8, cuda, group=group, side=side)
+    case = Case(out["op"], comm, m_all, k, n, a, None, y, fp8, cuda, group=group, side=side)
     out["T_ours_by_variant"], out["variant_errors"] = time_variants(case, variants, timer)
     out["T_torch"] = None
     if cuda:
@@ -539,7 +549,7 @@ def bench_bulk_row(
     else:
         out["torch_error"] = "the NCCL side-stream baseline needs CUDA"
     out["T_te_ref"], out["te_ref_method"] = None, None
-    return add_metrics(out)
+    return out
 
 
 def add_metrics(row: dict[str, Any]) -> dict[str, Any]:
