@@ -113,7 +113,8 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             dtype = E4M3 if use_fp8 else torch.bfloat16
             ag = AllGatherBesideGemm(comm, n * m + trial, k, dtype)
             ag.buffer.put_split = 1 + (trial + use_fp8) % 3  # copies per peer: same result
-            ag.buffer.serial_puts = trial % 4 < 2  # peers one after another or at once
+            # Peers one after another or all at once (not part of the op record: ranks may differ).
+            ag.buffer.serial_puts = (trial + tp.rank * (trial % 2)) % 4 < 2
             x = rand(m, k, gen)
             shared_scale = trial % 2 == 0  # else every rank its own scale_inv
             xs = fp8(x, 8.0 if shared_scale else 8.0 * (1 + tp.rank)) if use_fp8 else x

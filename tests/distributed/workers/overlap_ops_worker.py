@@ -330,6 +330,9 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     if DEVICE.type == "cpu":  # op records: best effort on cuda (collectives.cpp NOTE)
         short = rand(m - (tp.rank == 0), k, gen)
         raises(StateError, "different sizes", lambda: ag(short, w))
+        ag.pieces = 2 if tp.rank == 0 else 1  # pieces are part of the op record
+        raises(StateError, "different sizes", lambda: ag(x, w))
+        ag.pieces = 1
     # The ring method: the same argument rules, and its own.
     ring = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, method="ring", buffer=rs.buffer)
     y = rand(n * m, k, gen)
