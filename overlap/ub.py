@@ -192,9 +192,10 @@ class GemmOverlapConfig:
             different buffers).
         staggered_puts: push the shard to one peer after the other (``RING_AG`` only; the
             default, as :class:`~overlap.ops.AllGatherGemm`'s).
-        ag_pieces: pieces each peer's shard travels and is multiplied in, 1..4 (``RING_AG``
-            only; NOTE [ag_gemm pieces]: for shapes whose gather takes about as long as the
-            GEMM).
+        pieces: pieces each chunk is split into, 1..4 (``RING_AG``: each peer's shard
+            travels and is multiplied in pieces, NOTE [ag_gemm pieces]; ``PIPELINE_RS``: the
+            chunks are computed, pulled and summed in rounds, NOTE [gemm_rs pieces]): for
+            shapes whose communication takes about as long as the GEMM.
         reduce_max_blocks: bound on the reduction kernel's grid, 0 = fill the GPU
             (``PIPELINE_RS`` and ``BULK_RS``; ``None``: the op's default, 0 for
             ``PIPELINE_RS`` and 64 blocks, 16 SMs, for ``BULK_RS``, which runs beside a GEMM;
@@ -216,7 +217,7 @@ class GemmOverlapConfig:
     fp8: bool = False
     gemm_sm_margin: int | None = None
     ring_subchunks: int = 2
-    ag_pieces: int = 1
+    pieces: int = 1
 
     def __post_init__(self) -> None:
         if self.method is not None and not isinstance(self.method, OverlapMethod):
@@ -234,7 +235,7 @@ class GemmOverlapConfig:
         )
         _check_int("GemmOverlapConfig.gemm_sm_margin", self.gemm_sm_margin, 0, None, optional=True)
         _check_int("GemmOverlapConfig.ring_subchunks", self.ring_subchunks, 1, 4)
-        _check_int("GemmOverlapConfig.ag_pieces", self.ag_pieces, 1, 4)
+        _check_int("GemmOverlapConfig.pieces", self.pieces, 1, 4)
         for field in ("staggered_puts", "fp8"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(
@@ -531,7 +532,7 @@ class Userbuffers:
                 *args,
                 compute_lanes=cfg.lanes,
                 staggered_puts=cfg.staggered_puts,
-                pieces=cfg.ag_pieces,
+                pieces=cfg.pieces,
                 name=name,
                 buffer=buffer,
             )
@@ -542,6 +543,7 @@ class Userbuffers:
                 reduce_max_blocks=cfg.max_blocks,
                 method="ring" if cfg.method is OverlapMethod.RING_RS else "pipelined",
                 ring_subchunks=cfg.ring_subchunks,
+                pieces=cfg.pieces if cfg.method is OverlapMethod.PIPELINE_RS else 1,
                 name=name,
                 buffer=buffer,
             )

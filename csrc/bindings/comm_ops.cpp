@@ -97,12 +97,12 @@ float* scalar(const SymmetricBuffer& buf, const std::optional<TensorRef>& t, con
 }
 
 comm::OverlapConfig config(int compute_lanes, int reduce_max_blocks, bool staggered_puts,
-                           int ag_pieces = 1) {
+                           int pieces) {
   comm::OverlapConfig c;
   c.compute_lanes = compute_lanes;
   c.reduce_max_blocks = reduce_max_blocks;
   c.staggered_puts = staggered_puts;
-  c.ag_pieces = ag_pieces;
+  c.pieces = pieces;
   return c;
 }
 
@@ -186,7 +186,7 @@ void register_comm_ops(py::module_& m) {
       [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,
          py::handle a_scale_inv, py::handle b_scale_inv, py::handle out_scale, py::handle out_amax,
          py::handle out_scale_inv, float alpha, bool fast_accum, int sm_count, int compute_lanes,
-         int reduce_max_blocks, const std::string& method, int ring_subchunks,
+         int reduce_max_blocks, const std::string& method, int ring_subchunks, int pieces,
          std::uintptr_t stream) {
         constexpr const char* kOp = "gemm_rs";
         OVERLAP_CHECK(method == "pipelined" || method == "ring", kConfig,
@@ -203,7 +203,7 @@ void register_comm_ops(py::module_& m) {
         o.alpha = alpha;
         o.fast_accum = fast_accum;
         o.sm_count = sm_count;
-        comm::OverlapConfig c = config(compute_lanes, reduce_max_blocks, false);
+        comm::OverlapConfig c = config(compute_lanes, reduce_max_blocks, false, pieces);
         c.ring_subchunks = ring_subchunks;
         py::gil_scoped_release release;
         (method == "ring" ? comm::gemm_rs_ring : comm::gemm_rs)(buf, ao, bo, d, scale_inv, o, c,
@@ -214,8 +214,10 @@ void register_comm_ops(py::module_& m) {
       py::arg("out_scale") = py::none(), py::arg("out_amax") = py::none(),
       py::arg("out_scale_inv") = py::none(), py::arg("alpha") = 1.0f, py::arg("fast_accum") = false,
       py::arg("sm_count") = 0, py::arg("compute_lanes") = 1, py::arg("reduce_max_blocks") = 0,
-      py::arg("method") = "pipelined", py::arg("ring_subchunks") = 2, py::arg("stream") = 0,
-      "out = ReduceScatter(a @ op(b)), pipelined or ring; see csrc/comm/overlap/overlap_ops.h.");
+      py::arg("method") = "pipelined", py::arg("ring_subchunks") = 2, py::arg("pieces") = 1,
+      py::arg("stream") = 0,
+      "out = ReduceScatter(a @ op(b)), pipelined (in pieces) or ring; see "
+      "csrc/comm/overlap/overlap_ops.h.");
 }
 
 // ---- bulk overlap ops (comm/overlap/bulk.cpp) ------------------------------------------------

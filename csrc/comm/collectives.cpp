@@ -213,7 +213,7 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
   for (int k = 0; k < n; ++k) partials[k] = buf.data(k) + r * chunk_bytes;
   ReduceOutput o;
   o.format = dtype;
-  t.reduce(output, partials.data(), n, count, dtype, o, stream);
+  t.reduce(output, partials.data(), n, count, dtype, o, stream, 0);
 }
 
 void barrier(SymmetricBuffer& buf, cudaStream_t stream) {

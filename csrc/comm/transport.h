@@ -49,7 +49,10 @@ struct ReduceOutput {
   const float* scale = nullptr;    // FP8 only (required): out = fp8(sum * scale)
   float* scale_inv = nullptr;      // FP8 only (optional): receives 1 / scale
   float* amax = nullptr;           // optional: receives max |sum| of the unscaled sum
-  int max_blocks = 0;              // cuda: bound on the grid (<= 0: fill the GPU)
+  // amax: max-reduce into the value already there instead of overwriting it (the pieces of
+  // one output reduced by several calls; the first call overwrites).
+  bool accumulate_amax = false;
+  int max_blocks = 0;  // cuda: bound on the grid (<= 0: fill the GPU)
 };
 
 // Bytes of the flag part of every region: 64 ranks x 4 slots x uint64, one 4 KiB page.
@@ -112,9 +115,9 @@ class Transport {
   virtual void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
                     cudaStream_t stream, int lane) = 0;
   // out[i] = sum_k in[k][i] with fp32 accumulation in input order; inputs of `dtype` (bf16,
-  // fp16 or fp32), out stored as `o` says; on `stream` (lane 0).
+  // fp16 or fp32), out stored as `o` says; in order on `lane` (an SM kernel on cuda).
   virtual void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count,
-                      DType dtype, const ReduceOutput& o, cudaStream_t stream) = 0;
+                      DType dtype, const ReduceOutput& o, cudaStream_t stream, int lane) = 0;
   // The library's GEMM (gemm/gemm.h) on `lane`: the host reference on host, cuBLASLt on the
   // transport's device on cuda. Operands live in the transport's memory. Validate the call
   // with gemm::validate_gemm(..., gemm::gemm_target(device())) before an op begins.

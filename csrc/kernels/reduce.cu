@@ -198,7 +198,7 @@ void dispatch_out_format(DType fmt, const char* op, Fn&& fn) {
 
 void reduce_pointers_cuda(const void* const* inputs, DType dtype, std::size_t k, std::size_t n,
                           void* out, DType out_format, const float* scale, float* scale_inv,
-                          float* amax, int max_blocks, cudaStream_t stream) {
+                          float* amax, int max_blocks, cudaStream_t stream, bool accumulate_amax) {
   constexpr const char* kOp = "reduce_pointers_cuda";
   // Every check before any GPU work.
   OVERLAP_CHECK_ARG(k >= 1 && k <= static_cast<std::size_t>(kMaxInputs),
@@ -242,7 +242,9 @@ void reduce_pointers_cuda(const void* const* inputs, DType dtype, std::size_t k,
       constexpr std::size_t kVec = 16 / sizeof(T);
       const unsigned grid = grid_size(vectorized ? n / kVec : n, kThreads, max_blocks);
       // NOTE [amax bits]: zeroed in stream order, then max-reduced into by the kernel.
-      if (amax != nullptr) OVERLAP_CHECK_CUDA(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+      if (amax != nullptr && !accumulate_amax) {
+        OVERLAP_CHECK_CUDA(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+      }
       if (k <= static_cast<std::size_t>(kSmallK)) {
         reduce_kernel<T, kOut, true>
             <<<grid, kThreads, 0, stream>>>(in, static_cast<int>(k), n, out, scale, scale_inv,

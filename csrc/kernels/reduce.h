@@ -51,10 +51,12 @@ void reduce_tensors(const std::vector<TensorRef>& inputs, const TensorRef& out, 
 // NOTE [amax output] in cast.h) are device pointers, never read on the host. Summed in the
 // order of NOTE [reduction order]. max_blocks bounds the grid (<= 0: enough blocks to fill
 // the GPU) so that a reduce-scatter leaves SMs to a concurrent GEMM. Enqueued on `stream`
-// (a stream of the current device, where out lives) without synchronizing the host.
+// (a stream of the current device, where out lives) without synchronizing the host. With
+// accumulate_amax, amax is max-reduced into (the pieces of one output) instead of zeroed first.
 void reduce_pointers_cuda(const void* const* inputs, DType dtype, std::size_t k, std::size_t n,
                           void* out, DType out_format, const float* scale, float* scale_inv,
-                          float* amax, int max_blocks, cudaStream_t stream);
+                          float* amax, int max_blocks, cudaStream_t stream,
+                          bool accumulate_amax = false);
 #endif
 
 }  // namespace overlap::kernels

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 Operand = Union["torch.Tensor", QuantizedTensor]
 
 HIGH_PRECISION = ("torch.bfloat16", "torch.float16", "torch.float32")
+MAX_PIECES = 4  # kMaxPieces in csrc/comm/overlap/overlap_ops.h
 FP8 = ("torch.float8_e4m3fn", "torch.float8_e5m2")
 
 
@@ -97,6 +98,13 @@ def check_sizes(op: str, tp: int, max_tokens: int, features: tuple[str, int], la
         )
     if not 1 <= lanes <= 4:
         raise InvalidArgumentError(f"{op}: compute_lanes must be 1..4, got {lanes}")
+
+
+def check_pieces(op: str, pieces: object) -> int:
+    """The ``pieces`` argument of an op object (NOTE [ag_gemm pieces], NOTE [gemm_rs pieces])."""
+    if isinstance(pieces, bool) or pieces not in range(1, MAX_PIECES + 1):
+        raise InvalidArgumentError(f"{op}: pieces must be 1..{MAX_PIECES}, got {pieces!r}")
+    return int(pieces)  # type: ignore[arg-type]
 
 
 def check_given_buffer(op: str, buffer: SymmetricBuffer, tp: int, nbytes: int) -> None:

@@ -26,6 +26,7 @@ from overlap.ops._operands import (
     Operand,
     check_given_buffer,
     check_pair,
+    check_pieces,
     check_sizes,
     gemm_kwargs,
     is_fp8,
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["AllGatherGemm"]
 
 _OP = "ag_gemm"
-MAX_AG_PIECES = 4  # kMaxAgPieces in csrc/comm/overlap/overlap_ops.h
 
 
 class AllGatherGemm:
@@ -106,15 +106,13 @@ class AllGatherGemm:
     ) -> None:
         tp = comm.group.size
         check_sizes(_OP, tp, max_tokens, ("in_features", in_features), compute_lanes)
-        if isinstance(pieces, bool) or pieces not in range(1, MAX_AG_PIECES + 1):
-            raise InvalidArgumentError(f"{_OP}: pieces must be 1..{MAX_AG_PIECES}, got {pieces!r}")
         self.tp = tp
         self.max_tokens = int(max_tokens)
         self.in_features = int(in_features)
         self.dtype = dtype
         self.compute_lanes = int(compute_lanes)
         self.staggered_puts = bool(staggered_puts)
-        self.pieces = int(pieces)
+        self.pieces = check_pieces(_OP, pieces)
         self.device = op_device(comm)
         nbytes = self.buffer_bytes(tp, self.max_tokens, self.in_features, dtype)
         self._owns_buffer = buffer is None

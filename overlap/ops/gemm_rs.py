@@ -9,7 +9,10 @@ Two methods (:class:`RsMethod`), the same result up to rounding:
   signals each chunk to its rank, whose copy engines pull it while the next chunk is computed;
   each rank then sums its chunk of all ranks in rank order with fp32 accumulation (the same
   result on every rank, whichever rank computed it). NOTE [gemm_rs schedule] in
-  ``csrc/comm/overlap/gemm_rs.cpp`` has the timeline.
+  ``csrc/comm/overlap/gemm_rs.cpp`` has the timeline. With ``pieces`` > 1 the chunks are
+  computed in rounds of one piece each, every piece pulled and summed while later rounds are
+  computed (NOTE [gemm_rs pieces]): for shapes whose reduce-scatter takes about as long as the
+  GEMM.
 * ``"ring"``: each chunk's running sum travels the ring (rank ``c+1`` to ``c+2`` ... to its
   owner ``c``); every rank adds its partial with the GEMM's own ``beta = 1`` epilogue (fp32
   inside the GEMM) and pushes the sum on by copy engine, in sub-chunks so that the transfers
@@ -33,6 +36,7 @@ from overlap.ops._operands import (
     HIGH_PRECISION,
     Operand,
     check_given_buffer,
+    check_pieces,
     check_sizes,
     gemm_kwargs,
     is_fp8,
@@ -93,6 +97,10 @@ class GemmReduceScatter:
         ring_subchunks: ``"ring"`` only: sub-chunks each hop is pipelined in, 1..4 (NOTE
             [gemm_rs_ring schedule]; 2: a chunk's transfer hides behind a GEMM as long as
             it is no slower than that GEMM).
+        pieces: ``"pipelined"`` only: rounds the chunks are computed, pulled and summed in,
+            1..4 (NOTE [gemm_rs pieces]; 1, the default, suits GEMM-bound shapes; 2-4 hide
+            all but 1/pieces of the transfers and the reduction where the reduce-scatter takes
+            about as long as the GEMM, with GEMMs 1/pieces as tall).
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
             least :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in
@@ -133,6 +141,7 @@ class GemmReduceScatter:
         reduce_max_blocks: int = 0,
         method: RsMethod | str = RsMethod.PIPELINED,
         ring_subchunks: int = 2,
+        pieces: int = 1,
         name: str = "gemm_rs",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
@@ -146,6 +155,12 @@ class GemmReduceScatter:
                 f"{_OP}: ring_subchunks must be 1..{MAX_RING_SUBCHUNKS}, got {ring_subchunks!r}"
             )
         self.ring_subchunks = int(ring_subchunks)
+        self.pieces = check_pieces(_OP, pieces)
+        if self.pieces != 1 and self.method is RsMethod.RING:
+            raise InvalidArgumentError(
+                f"{_OP}: pieces apply to the pipelined method; the ring method pipelines its "
+                f"hops with ring_subchunks (got pieces={pieces})"
+            )
         if str(out_dtype) not in HIGH_PRECISION and not is_fp8(out_dtype):
             raise InvalidArgumentError(
                 f"{_OP}: out_dtype must be bfloat16, float16, float32 or FP8, got {out_dtype}"
@@ -177,8 +192,9 @@ class GemmReduceScatter:
     ) -> torch.Tensor:
         """COLLECTIVE: this rank's rows of ``sum over ranks (alpha * x @ weight.T)``.
 
-        Every rank must use the same method (and ``ring_subchunks``) on a buffer: a mismatch is
-        reported as a collective mismatch (``StateError``) where the op records catch it.
+        Every rank must use the same method (and ``ring_subchunks`` / ``pieces``) on a buffer:
+        a mismatch is reported as a collective mismatch (``StateError``) where the op records
+        catch it.
 
         Args:
             x: ``[M, K_shard]`` (unit column stride), bfloat16/float16/float32 or a per-tensor
@@ -236,6 +252,7 @@ class GemmReduceScatter:
             reduce_max_blocks=self.reduce_max_blocks,
             method=self.method.value,
             ring_subchunks=self.ring_subchunks,
+            pieces=self.pieces,
             **gemm_kwargs(
                 a,
                 (a_scale_inv, b_scale_inv),

@@ -92,6 +92,10 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
                     "pipeline/lanes2-split1-staggered-pieces2",
                     "pipeline/lanes2-split1-staggered-pieces4"},
         "gemm_rs": {"pipeline/lanes1-split1", "pipeline/lanes2-split1",
+                    "pipeline/lanes1-split1-pieces2", "pipeline/lanes1-split1-pieces4",
+                    "pipeline/lanes2-split1-pieces2", "pipeline/lanes2-split1-pieces4",
+                    "pipeline/lanes1-split1-pieces2-blocks64",
+                    "pipeline/lanes1-split1-pieces4-blocks64",
                     "ring/lanes1-subchunks2", "ring/lanes1-subchunks4",
                     "ring/lanes2-subchunks2", "ring/lanes2-subchunks4"},
     }  # fmt: skip
@@ -172,7 +176,13 @@ def test_full_suite_options_with_tp2_subgroups(tmp_path: Path) -> None:
     )
     _check_rows(
         [r for r in rows if r["op"] == "gemm_rs"],
-        {"pipeline/lanes2-split1", "ring/lanes2-subchunks2", "ring/lanes2-subchunks4"},
+        {
+            "pipeline/lanes2-split1",
+            "pipeline/lanes2-split1-pieces2",
+            "pipeline/lanes2-split1-pieces4",
+            "ring/lanes2-subchunks2",
+            "ring/lanes2-subchunks4",
+        },
     )
 
 
@@ -190,7 +200,7 @@ def test_methods_added_by_import_and_a_builder_failing_on_one_rank(tmp_path: Pat
             "--import",
             "tests.distributed.bench_methods_plugin",
             "--methods",
-            "test-*,gemm_rs:pipeline/lanes1*",
+            "test-*,gemm_rs:pipeline/lanes1-split?",
             "--shapes",
             "qkv,proj",
             "--ops",

@@ -103,7 +103,7 @@ def test_pipelined_dgrad_leaves_wgrad_nothing_to_scatter() -> None:
         ({"reduce_max_blocks": -1}, "reduce_max_blocks: -1 is not an int in >= 0"),
         ({"gemm_sm_margin": 1.5}, "gemm_sm_margin: 1.5 is not an int in >= 0"),
         ({"fp8": 1}, "fp8: 1 must be True or False"),
-        ({"ag_pieces": 5}, "ag_pieces: 5 is not an int in 1..4"),
+        ({"pieces": 5}, "pieces: 5 is not an int in 1..4"),
     ],
 )
 def test_gemm_config_rejects(kwargs: dict[str, object], match: str) -> None:
@@ -232,12 +232,23 @@ def test_buffers_are_shared_per_kind_and_counted() -> None:
     assert "shared by qkv_dgrad, fc1_dgrad" in table and "shared by qkv_wgrad, fc1_wgrad" in table
 
 
-def test_ag_pieces_reach_the_op_and_share_the_buffer() -> None:
-    ub = init(shape=(64, 32), ub_cfgs={"qkv_fprop": GemmOverlapConfig(ag_pieces=3)})
+def test_pieces_reach_the_ops_and_share_the_buffer() -> None:
+    ub = init(
+        shape=(64, 32),
+        ub_cfgs={
+            "qkv_fprop": GemmOverlapConfig(pieces=3),
+            "proj_fprop": GemmOverlapConfig(pieces=2),
+            "fc2_fprop": GemmOverlapConfig(method=OverlapMethod.RING_RS, pieces=2),
+        },
+    )
     qkv, fc1 = ub.get("qkv_fprop"), ub.get("fc1_fprop")
     assert qkv.pieces == 3 and fc1.pieces == 1 and qkv.buffer is fc1.buffer
     x, w = rand(64, 32, seed=3), rand(24, 32, seed=4)
     assert torch.equal(qkv(x, w), gemm(x, w, transb=True))
+    proj, fc2 = ub.get("proj_fprop"), ub.get("fc2_fprop")
+    assert proj.pieces == 2 and fc2.pieces == 1  # the ring pipelines with ring_subchunks
+    w2 = rand(32, 32, seed=5)  # [hidden, K_shard]
+    assert torch.equal(proj(x, w2), gemm(x, w2, transb=True))
     ub.destroy()
 
 

@@ -212,10 +212,11 @@ class CudaTransport final : public Transport {
   }
 
   void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,
-              const ReduceOutput& o, cudaStream_t stream) override {
+              const ReduceOutput& o, cudaStream_t stream, int lane) override {
     DeviceGuard guard(device_);
     kernels::reduce_pointers_cuda(inputs, dtype, static_cast<std::size_t>(num_inputs), count, out,
-                                  o.format, o.scale, o.scale_inv, o.amax, o.max_blocks, stream);
+                                  o.format, o.scale, o.scale_inv, o.amax, o.max_blocks,
+                                  lanes_.stream(stream, lane), o.accumulate_amax);
   }
 
   // NOTE [gemm on a lane]: a lane is a stream like any other; GEMMs on two lanes run

@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -108,7 +109,7 @@ class HostTransport final : public Transport {
   }
 
   void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,
-              const ReduceOutput& o, cudaStream_t) override {
+              const ReduceOutput& o, cudaStream_t, int) override {
     OVERLAP_CHECK_ARG(num_inputs > 0, "reduce needs at least one input");
     OVERLAP_CHECK_ARG(
         dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
@@ -124,7 +125,11 @@ class HostTransport final : public Transport {
     const float amax = kernels::reduce_pointers_host(
         inputs, dtype, static_cast<std::size_t>(num_inputs), count, out, o.format, scale);
     if (fp8 && o.scale_inv != nullptr) *o.scale_inv = 1.0f / scale;
-    if (o.amax != nullptr) *o.amax = amax;
+    if (o.amax != nullptr) {
+      // NaN wins, as in the kernel's max over float bits.
+      const float before = *o.amax;
+      *o.amax = !o.accumulate_amax || std::isnan(amax) || amax > before ? amax : before;
+    }
   }
 
   void gemm(const gemm::GemmOperand& a, const gemm::GemmOperand& b, const gemm::GemmOutput& d,

@@ -11,6 +11,7 @@
 namespace overlap::comm {
 
 using detail::kSlotAlign;
+using detail::Pieces;
 using detail::round_up;
 
 AgGemmLayout ag_gemm_layout(int size, std::size_t shard_bytes, bool scaled) {
@@ -46,7 +47,7 @@ gemm::GemmOutput chunk_output(const gemm::GemmOutput& d, std::int64_t m, int j) 
   return c;
 }
 
-// NOTE [ag_gemm pieces]: a peer's shard may travel in P pieces (config.ag_pieces), piece p =
+// NOTE [ag_gemm pieces]: a peer's shard may travel in P pieces (config.pieces), piece p =
 // rows [lo(p), lo(p + 1)) of the shard, each pushed, announced and multiplied on its own, so
 // the GEMM of a piece starts once that piece has landed instead of the whole shard. Where the
 // gather is about as long as the GEMM (a comm-bound pipeline), the op ends with the GEMM of
@@ -56,22 +57,9 @@ gemm::GemmOutput chunk_output(const gemm::GemmOutput& d, std::int64_t m, int j) 
 // nothing). Piece p of the shard from rank j is announced on the one flag j -> r (kData) by the
 // value e + p (e = the op's epoch): the pieces of one sender travel in order on one set of
 // lanes, so "flag >= e + p" means pieces 0..p have landed (like NOTE [ring sub-epochs] in
-// gemm_rs_ring.cpp). Every ag_gemm therefore takes kAgGemmEpochs epochs, whatever P, so that
+// gemm_rs_ring.cpp). Every ag_gemm therefore takes kPieceEpochs epochs, whatever P, so that
 // ranks stay in step even if one passes a different P (the op record, which includes P, then
 // reports the mismatch).
-class Pieces {
- public:
-  Pieces(std::int64_t m, int pieces)
-      : m_(m), p_(static_cast<int>(std::min<std::int64_t>(std::max(1, pieces), m))) {}
-  int count() const { return p_; }
-  std::int64_t lo(int p) const { return m_ * p / p_; }
-  std::int64_t rows(int p) const { return lo(p + 1) - lo(p); }
-
- private:
-  std::int64_t m_;
-  int p_;
-};
-
 // Piece p of chunk j (the whole chunk for the local shard, j == rank): its operand and output.
 gemm::GemmOperand piece_operand(const SymmetricBuffer& buf, const gemm::GemmOperand& shard,
                                 const AgGemmLayout& l, int j, const Pieces& pc, int p) {
@@ -181,10 +169,7 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   const AgGemmLayout l = ag_gemm_layout(
       n, static_cast<std::size_t>(m * a_shard.cols) * dtype_size(a_shard.dtype), scaled);
   detail::check_fits(buf, l.bytes, kOp);
-  OVERLAP_CHECK(
-      config.ag_pieces >= 1 && config.ag_pieces <= kMaxAgPieces, kConfig,
-      kOp << ": ag_pieces must be in [1, " << kMaxAgPieces << "], got " << config.ag_pieces);
-  const Pieces pc(m, config.ag_pieces);
+  const Pieces pc(m, config.pieces);
   const gemm::GemmTarget target = gemm::gemm_target(t.device());
   for (std::size_t w = 0; w < weights.size(); ++w) {
     check_weight(buf, a_shard, l, pc, weights[w], weights.size() > 1 ? static_cast<int>(w) : -1,
@@ -204,9 +189,7 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // lanes wait for that peer's (NOTE [deferred acknowledgements]).
   const std::uint64_t epoch =
       begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
-  for (std::uint64_t i = 1; i < kAgGemmEpochs; ++i) {  // NOTE [ag_gemm pieces]
-    t.note_op(buf, buf.next_epoch(), stream);
-  }
+  detail::take_piece_epochs(buf, stream);  // NOTE [ag_gemm pieces]
   // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial
   // puts] in symmetric_buffer.h); otherwise a set of lanes per peer. Then one lane for our own
   // slot's copy. The put lanes announce each piece themselves: an announcement lane (as in the

@@ -325,7 +325,8 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   o.scale_inv = out.scale_inv;
   o.amax = out.amax;
   o.max_blocks = config.reduce_max_blocks;
-  t.reduce(out.data, inputs.data(), n, static_cast<std::size_t>(m * in.cols), in.dtype, o, stream);
+  t.reduce(out.data, inputs.data(), n, static_cast<std::size_t>(m * in.cols), in.dtype, o, stream,
+           0);
   t.join(stream);
 }
 

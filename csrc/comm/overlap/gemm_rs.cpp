@@ -10,6 +10,7 @@
 namespace overlap::comm {
 
 using detail::kSlotAlign;
+using detail::Pieces;
 using detail::round_up;
 
 GemmRsLayout gemm_rs_layout(int size, std::size_t partial_bytes) {
@@ -28,20 +29,23 @@ namespace {
 
 constexpr const char* kOp = "gemm_rs";
 
-// Rows [j m, (j + 1) m) of X: the rows whose sums belong to rank j.
-gemm::GemmOperand chunk_operand(const gemm::GemmOperand& a, std::int64_t m, int j) {
-  return detail::row_block(a, j * m, m);
+// Piece p of rows [j m, (j + 1) m) of X, the rows whose sums belong to rank j (NOTE [gemm_rs
+// pieces]; one piece: the whole chunk).
+gemm::GemmOperand piece_operand(const gemm::GemmOperand& a, std::int64_t m, int j, const Pieces& pc,
+                                int p) {
+  return detail::row_block(a, j * m + pc.lo(p), pc.rows(p));
 }
 
-// Send slot j of this rank's region: its partial sums of rank j's rows.
-gemm::GemmOutput send_slot(const SymmetricBuffer& buf, const GemmRsLayout& l, DType partial,
-                           std::int64_t m, std::int64_t cols, int j) {
+// Piece p of send slot j of this rank's region: its partial sums of rank j's rows.
+gemm::GemmOutput piece_slot(const SymmetricBuffer& buf, const GemmRsLayout& l, DType partial,
+                            std::int64_t m, std::int64_t cols, int j, const Pieces& pc, int p) {
   gemm::GemmOutput o;
   o.data = buf.data(buf.rank()) + j * l.slot_bytes;
   o.dtype = partial;
   o.rows = m;
   o.cols = cols;
   o.ld = cols;
+  o.row_offset = pc.lo(p);
   return o;
 }
 
@@ -90,7 +94,8 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 // chunk each peer needs first is produced first (rank r-1 computes our chunk first), and signals
 // each to its rank as soon as it is written; that rank's copy engines pull it while the next
 // chunk is computed. Only the last chunk (our own, which travels nowhere) and the local
-// reduction are not overlapped. Timeline of rank r (n ranks, c0 = the caller's stream):
+// reduction are not overlapped. Timeline of rank r (n ranks, one piece, c0 = the caller's
+// stream):
 //
 // clang-format off
 //   c0      | begin_op | fork | GEMM r+1, signal | GEMM r+2, signal | ... | GEMM r | join | reduce
@@ -102,10 +107,31 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 //
 // The reduction sums, in rank order with fp32 accumulation, our send slot r and the receive
 // slots of every peer, all local memory, into the output (FP8 with scale and amax optional),
-// with a bounded grid (config.reduce_max_blocks). With C > 1 compute lanes, step s runs on lane
-// s % C. A peer pulls our send slots until it enters the next op, whose acknowledgement we
-// wait for before writing them again (NOTE [buffer reuse]); our receive slots are written and
-// read only by this rank, in stream order.
+// with a bounded grid (config.reduce_max_blocks). With C > 1 compute lanes, the chunk for the
+// s-th destination (r+1+s) runs on lane s % C. A peer pulls our send slots until it enters the
+// next op, whose acknowledgement we wait for before writing them again (NOTE [buffer reuse]);
+// our receive slots are written and read only by this rank, in stream order.
+//
+// NOTE [gemm_rs pieces]: with whole chunks, the chunk of rank r+1 (the last peer served) is
+// computed at step n-2 and then crosses one NVLink pair alone, and the reduction of the whole
+// output follows: where the transfers take about as long as the GEMM (comm-bound shapes such
+// as proj at TP 4), the op is about T_gemm + T_pull(chunk) + T_reduce. With P = config.pieces
+// > 1, every chunk is split into P pieces (rows [lo(p), lo(p + 1)) of the chunk: the same rows
+// of the send slot, the receive slot and the output) and the GEMMs run in P rounds, round p
+// computing piece p of every chunk in the order r+1, ..., r. Piece p is announced by the value
+// e + p on the one kData flag (a destination's pieces run in order on one compute lane, so
+// "flag >= e + p" means pieces 0..p are written; NOTE [ag_gemm pieces] for the epochs), pulled
+// by the pull lanes of its sender in order, and, once every peer's piece p has landed and our
+// own piece p is computed, summed into the output's rows of piece p on a reduce lane while
+// later rounds are computed (the amax max-reduced over the pieces). Every link then carries
+// data from the first round on, and only the last round's pull and reduction stay exposed:
+// about T_gemm + (T_pull(chunk) + T_reduce) / P, for GEMMs 1/P as tall.
+//
+// clang-format off
+//   c0 ... C-1 | round 0: GEMM piece 0 of r+1, signal e, ..., of r | round 1: ... e+1 ... | join | reduce P-1
+//   pull i     |   wait kData(r-i) >= e, pull piece 0 | wait >= e+1, pull piece 1 | ...  |      |
+//   reduce     |        wait pulls and own piece 0, reduce piece 0 | ... piece P-2 |      |      |
+// clang-format on
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream) {
@@ -118,56 +144,24 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
   const std::int64_t m = shape.m;
   const std::int64_t cols = shape.cols;
   const DType partial = shape.partial;
-  const GemmRsLayout l =
-      gemm_rs_layout(n, static_cast<std::size_t>(m * cols) * dtype_size(partial));
+  const std::size_t psize = dtype_size(partial);
+  const GemmRsLayout l = gemm_rs_layout(n, static_cast<std::size_t>(m * cols) * psize);
   detail::check_fits(buf, l.bytes, kOp);
+  const Pieces pc(m, config.pieces);
   const gemm::GemmTarget target = gemm::gemm_target(t.device());
   for (int j : {0, n - 1}) {
-    gemm::validate_gemm(chunk_operand(a, m, j), b, send_slot(buf, l, partial, m, cols, j), options,
-                        target);
+    for (int p = 0; p < pc.count(); ++p) {
+      gemm::validate_gemm(piece_operand(a, m, j, pc, p), b,
+                          piece_slot(buf, l, partial, m, cols, j, pc, p), options, target);
+    }
   }
   const int lanes_c = config.compute_lanes;
   const int split = buf.put_split();
   std::uint64_t arg = 0;
-  for (std::uint64_t v : {std::uint64_t(a.rows), std::uint64_t(a.cols), std::uint64_t(cols),
-                          std::uint64_t(a.dtype), std::uint64_t(d.dtype)}) {
+  for (std::uint64_t v :
+       {std::uint64_t(a.rows), std::uint64_t(a.cols), std::uint64_t(cols), std::uint64_t(a.dtype),
+        std::uint64_t(d.dtype), std::uint64_t(pc.count())}) {
     arg = mix_arg(arg, v);
-  }
-
-  // ---- the op --------------------------------------------------------------------------------
-  const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream);
-  const int pull_lanes = std::max(1, (n - 1) * split);
-  t.fork(stream, lanes_c + pull_lanes);
-  // GEMMs first: the host transport runs in program order, so every rank must publish its
-  // partial sums before it waits for any peer's.
-  for (int s = 0; s < n; ++s) {
-    const int j = (r + 1 + s) % n;
-    const int lane = s % lanes_c;
-    t.gemm(chunk_operand(a, m, j), b, send_slot(buf, l, partial, m, cols, j), options, stream,
-           lane);
-    if (j != r) t.signal(buf.flag(j, r, FlagSlot::kData), epoch, stream, lane);
-  }
-  // Pulls: peer r-i computes our chunk at its step i-1, so lanes are listed in arrival order.
-  const std::size_t bytes = static_cast<std::size_t>(m * cols) * dtype_size(partial);
-  const std::size_t slice = (bytes + split - 1) / split;
-  for (int i = 1; i < n; ++i) {
-    const int peer = (r + n - i) % n;
-    WaitContext ctx{kOp, r, peer, i, epoch, buf.timeout_s()};
-    for (int s = 0; s < split; ++s) {
-      const int lane = lanes_c + (i - 1) * split + s;
-      const std::size_t begin = std::min(bytes, s * slice);
-      t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, lane);
-      t.put(buf.data(r) + l.recv_offset + peer * l.slot_bytes + begin,
-            buf.data(peer) + r * l.slot_bytes + begin, std::min(bytes - begin, slice), stream,
-            lane);
-    }
-  }
-  t.join(stream);
-  // Rank order: the same sum on every rank whichever rank computed it.
-  std::vector<const void*> inputs(n);
-  for (int j = 0; j < n; ++j) {
-    inputs[j] =
-        j == r ? buf.data(r) + r * l.slot_bytes : buf.data(r) + l.recv_offset + j * l.slot_bytes;
   }
   ReduceOutput o;
   o.format = d.dtype;
@@ -175,7 +169,68 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
   o.scale_inv = out_scale_inv;
   o.amax = d.amax;
   o.max_blocks = config.reduce_max_blocks;
-  t.reduce(d.data, inputs.data(), n, static_cast<std::size_t>(m * cols), partial, o, stream);
+  const std::size_t out_row_bytes = static_cast<std::size_t>(cols) * dtype_size(d.dtype);
+  // Piece p of the output: the sum, in rank order (the same on every rank whichever rank
+  // computed it), of our send slot r and every peer's receive slot, all local memory.
+  const auto reduce_piece = [&](int p, int lane) {
+    const std::size_t offset = static_cast<std::size_t>(pc.lo(p) * cols) * psize;
+    std::vector<const void*> inputs(n);
+    for (int j = 0; j < n; ++j) {
+      const char* slot =
+          j == r ? buf.data(r) + r * l.slot_bytes : buf.data(r) + l.recv_offset + j * l.slot_bytes;
+      inputs[j] = slot + offset;
+    }
+    ReduceOutput op = o;
+    op.accumulate_amax = p > 0;
+    t.reduce(static_cast<char*>(d.data) + pc.lo(p) * out_row_bytes, inputs.data(), n,
+             static_cast<std::size_t>(pc.rows(p) * cols), partial, op, stream, lane);
+  };
+
+  // ---- the op --------------------------------------------------------------------------------
+  const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream);
+  detail::take_piece_epochs(buf, stream);  // NOTE [gemm_rs pieces]
+  const int pull_lanes = std::max(1, (n - 1) * split);
+  const int reduce_lane = lanes_c + pull_lanes;  // used with pieces only
+  t.fork(stream, reduce_lane + (pc.count() > 1 ? 1 : 0));
+  for (int p = 0; p < pc.count(); ++p) {
+    // GEMMs first: the host transport runs in program order, so every rank must publish its
+    // partial sums of a round before it waits for any peer's.
+    for (int s = 0; s < n; ++s) {
+      const int j = (r + 1 + s) % n;
+      const int lane = s % lanes_c;  // one lane per destination: its pieces stay in order
+      t.gemm(piece_operand(a, m, j, pc, p), b, piece_slot(buf, l, partial, m, cols, j, pc, p),
+             options, stream, lane);
+      if (j != r) {
+        t.signal(buf.flag(j, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(p), stream,
+                 lane);
+      }
+    }
+    // Pulls: peer r-i computes our chunk at step i-1, so lanes are listed in arrival order.
+    const std::size_t offset = static_cast<std::size_t>(pc.lo(p) * cols) * psize;
+    const std::size_t bytes = static_cast<std::size_t>(pc.rows(p) * cols) * psize;
+    const std::size_t slice = (bytes + split - 1) / split;
+    const std::uint64_t value = epoch + static_cast<std::uint64_t>(p);
+    for (int i = 1; i < n; ++i) {
+      const int peer = (r + n - i) % n;
+      WaitContext ctx{kOp, r, peer, i, value, buf.timeout_s()};
+      for (int s = 0; s < split; ++s) {
+        const int lane = lanes_c + (i - 1) * split + s;
+        const std::size_t begin = offset + std::min(bytes, s * slice);
+        t.wait(buf.flag(r, peer, FlagSlot::kData), value, ctx, stream, lane);
+        t.put(buf.data(r) + l.recv_offset + peer * l.slot_bytes + begin,
+              buf.data(peer) + r * l.slot_bytes + begin, std::min(offset + bytes - begin, slice),
+              stream, lane);
+      }
+    }
+    // Every piece but the last is summed on the reduce lane while later rounds run.
+    if (p + 1 < pc.count()) {
+      t.lane_wait(stream, reduce_lane, (n - 1) % lanes_c);  // our own piece p
+      for (int lane = lanes_c; lane < reduce_lane; ++lane) t.lane_wait(stream, reduce_lane, lane);
+      reduce_piece(p, reduce_lane);
+    }
+  }
+  t.join(stream);
+  reduce_piece(pc.count() - 1, 0);
 }
 
 }  // namespace overlap::comm

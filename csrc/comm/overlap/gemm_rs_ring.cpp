@@ -247,7 +247,7 @@ void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::
     o.amax = d.amax;
     o.max_blocks = config.reduce_max_blocks;
     t.reduce(d.data, &input, 1, static_cast<std::size_t>(shape.m * shape.cols), shape.partial, o,
-             stream);
+             stream, 0);
   }
 }
 

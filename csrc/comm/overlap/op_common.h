@@ -1,6 +1,7 @@
 // Helpers shared by the overlap ops (internal).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -19,6 +20,8 @@ inline void check_config(const OverlapConfig& c, const char* op) {
   OVERLAP_CHECK(
       c.compute_lanes >= 1 && c.compute_lanes <= kMaxComputeLanes, kConfig,
       op << ": compute_lanes must be in [1, " << kMaxComputeLanes << "], got " << c.compute_lanes);
+  OVERLAP_CHECK(c.pieces >= 1 && c.pieces <= kMaxPieces, kConfig,
+                op << ": pieces must be in [1, " << kMaxPieces << "], got " << c.pieces);
 }
 
 // FP8 operands of the overlap ops are per-tensor scaled (block formats: not yet).
@@ -44,6 +47,30 @@ inline void check_fits(const SymmetricBuffer& buf, std::size_t needed, const cha
   OVERLAP_CHECK_ARG(needed <= buf.bytes(), op << ": the op needs " << needed
                                               << " bytes of buffer per rank but the buffer has "
                                               << buf.bytes() << "; create a larger one");
+}
+
+// ---- pieces (NOTE [ag_gemm pieces], NOTE [gemm_rs pieces]) -----------------------------------
+
+// A chunk of m rows split into P = min(pieces, m) pieces: piece p = rows [lo(p), lo(p + 1)).
+class Pieces {
+ public:
+  Pieces(std::int64_t m, int pieces)
+      : m_(m), p_(static_cast<int>(std::min<std::int64_t>(std::max(1, pieces), m))) {}
+  int count() const { return p_; }
+  std::int64_t lo(int p) const { return m_ * p / p_; }
+  std::int64_t rows(int p) const { return lo(p + 1) - lo(p); }
+
+ private:
+  std::int64_t m_;
+  int p_;
+};
+
+// Right after begin_op returned epoch e: takes e+1 .. e+kPieceEpochs-1 from the buffer too
+// (noting each for CUDA-graph capture), so that piece p can be announced by e + p.
+inline void take_piece_epochs(SymmetricBuffer& buf, cudaStream_t stream) {
+  for (std::uint64_t i = 1; i < kPieceEpochs; ++i) {
+    buf.transport().note_op(buf, buf.next_epoch(), stream);
+  }
 }
 
 // ---- GEMM -> RS (gemm_rs.cpp, gemm_rs_ring.cpp) ----------------------------------------------

@@ -36,17 +36,21 @@ struct OverlapConfig {
   // gemm_rs_ring: sub-chunks each rank's chunk is split into, 1..kMaxRingSubchunks (NOTE
   // [gemm_rs_ring schedule]: with 1, every hop waits for the neighbour's whole GEMM).
   int ring_subchunks = 2;
-  // ag_gemm: pieces each peer's shard is pushed, announced and multiplied in, 1..kMaxAgPieces
-  // (NOTE [ag_gemm pieces]: the GEMM of a piece starts once that piece has landed).
-  int ag_pieces = 1;
+  // ag_gemm and gemm_rs (pipelined): pieces each peer's chunk is split into, 1..kMaxPieces.
+  // ag_gemm pushes, announces and multiplies a shard piece by piece, so the GEMM of a piece
+  // starts once it has landed (NOTE [ag_gemm pieces]); gemm_rs computes the chunks in rounds
+  // of one piece per rank, each piece pulled and reduced while later rounds are computed
+  // (NOTE [gemm_rs pieces]). 1 = whole chunks, best for GEMM-bound shapes.
+  int pieces = 1;
 };
 constexpr int kMaxComputeLanes = 4;
 constexpr int kMaxRingSubchunks = 4;
-constexpr int kMaxAgPieces = 4;
-// Epochs an ag_gemm takes on its buffer (NOTE [ag_gemm pieces]): odd, >= kMaxAgPieces, and
-// independent of the call's arguments.
-constexpr std::uint64_t kAgGemmEpochs = 5;
-static_assert(kAgGemmEpochs % 2 == 1 && kAgGemmEpochs >= kMaxAgPieces);
+constexpr int kMaxPieces = 4;
+// Epochs an ag_gemm or a pipelined gemm_rs takes on its buffer (piece p is announced by the
+// value epoch + p, NOTE [ag_gemm pieces]): odd, >= kMaxPieces, and independent of the call's
+// arguments.
+constexpr std::uint64_t kPieceEpochs = 5;
+static_assert(kPieceEpochs % 2 == 1 && kPieceEpochs >= kMaxPieces);
 
 // ---- AG -> GEMM ------------------------------------------------------------------------------
 
@@ -70,8 +74,8 @@ AgGemmLayout ag_gemm_layout(int size, std::size_t shard_bytes, bool scaled);
 //   amax over chunk GEMMs is not implemented).
 // options: the GEMM's options (alpha, bias, gelu, fast_accum, sm_count; beta == 0).
 // After the op, the buffer holds the gathered input (NOTE [ag_gemm layout]) until the next op.
-// config.ag_pieces splits each peer's shard (NOTE [ag_gemm pieces]); every op takes
-// kAgGemmEpochs epochs of the buffer whatever the pieces.
+// config.pieces splits each peer's shard (NOTE [ag_gemm pieces]); every op takes
+// kPieceEpochs epochs of the buffer whatever the pieces.
 void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream);
@@ -99,6 +103,8 @@ DType gemm_rs_partial_dtype(DType out);
 // out_scale_inv: FP8 outputs only, optional float32[1] receiving 1 / scale.
 // options: alpha, fast_accum, sm_count (bias, gelu and beta would apply to partial sums and
 //   are refused).
+// config.pieces splits each chunk into rounds (NOTE [gemm_rs pieces]); every op takes
+// kPieceEpochs epochs of the buffer whatever the pieces.
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream);

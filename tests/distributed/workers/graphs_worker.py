@@ -52,7 +52,7 @@ class Ops:
         m, k, nout = self.m, self.k, self.nout
         self.ag = AllGatherGemm(comm, n * m, k, torch.bfloat16, compute_lanes=2)
         self.ag8 = AllGatherGemm(comm, n * m, k, E4M3, pieces=3)  # 3 signals per peer
-        self.rs = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, compute_lanes=2)
+        self.rs = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, compute_lanes=2, pieces=2)
         self.buf = comm.create_buffer(n * m * k * 2, "graphs-collectives")
         self.x = rand(m, k, gen=gen)
         self.x8 = fp8(rand(m, k, gen=gen), 8.0 * (1 + tp.rank))
@@ -105,9 +105,9 @@ def replay(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None
     graph = CudaGraph()
     with graph.capture():
         captured = ops.run()
-    # Epochs: one per op, kAgGemmEpochs (5) per AG+GEMM (NOTE [ag_gemm pieces]); all_gather's
-    # copy-out is not an op.
-    assert graph.ops == 3 + 2 * 5, graph.ops
+    # Epochs: one per collective, kPieceEpochs (5) per AG+GEMM and GEMM+RS (NOTE [ag_gemm
+    # pieces]); all_gather's copy-out is not an op.
+    assert graph.ops == 2 + 3 * 5, graph.ops
     slow = tp.size - 1
     for i in range(4):
         ops.refill(gen)

@@ -197,6 +197,8 @@ def gemm_rs_case(
         compute_lanes=lanes,
         method=method,
         ring_subchunks=1 + trial % 4,
+        # Rounds of pieces (<= m) per chunk: the same result, the amax over every piece.
+        pieces=1 + (trial + use_fp8) % 4 if method == "pipelined" else 1,
     )
     rs.buffer.put_split = 1 + trial % 3
     x = rand(rows, k, gen)
@@ -276,6 +278,7 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
             if tp.rank == slow:
                 delay(0.03)
             y = ys[i].clone()
+            rs.pieces = 1 + (i + 1) % 3  # several epochs per op (NOTE [gemm_rs pieces])
             got_rs.append(rs(y, w).clone())
             y.fill_(POISON)
             ring.ring_subchunks = 1 + i % 3
@@ -333,6 +336,9 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
         ag.pieces = 2 if tp.rank == 0 else 1  # pieces are part of the op record
         raises(StateError, "different sizes", lambda: ag(x, w))
         ag.pieces = 1
+        rs.pieces = 3 if tp.rank == 0 else 2
+        raises(StateError, "different sizes", lambda: rs(rand(n * m, k, gen), w))
+        rs.pieces = 1
     # The ring method: the same argument rules, and its own.
     ring = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, method="ring", buffer=rs.buffer)
     y = rand(n * m, k, gen)
@@ -357,7 +363,13 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
         "pieces must be 1..4",
         lambda: AllGatherGemm(comm, n * m, k, torch.bfloat16, pieces=0),
     )
-    raises(ConfigError, "ag_pieces must be in [1, 4]", lambda: _bypassing(ag, "pieces", 5, x, w))
+    raises(ConfigError, "pieces must be in [1, 4]", lambda: _bypassing(ag, "pieces", 5, x, w))
+    raises(ConfigError, "pieces must be in [1, 4]", lambda: _bypassing(rs, "pieces", 0, y, w))
+    raises(
+        InvalidArgumentError,
+        "pieces apply to the pipelined method",
+        lambda: GemmReduceScatter(comm, n, 16, torch.bfloat16, method="ring", pieces=2),
+    )
     raises(
         InvalidArgumentError,
         "needs out_scale",
