@@ -98,9 +98,10 @@ class GemmReduceScatter:
             [gemm_rs_ring schedule]; 2: a chunk's transfer hides behind a GEMM as long as
             it is no slower than that GEMM).
         pieces: ``"pipelined"`` only: rounds the chunks are computed, pulled and summed in,
-            1..4 (NOTE [gemm_rs pieces]; 1, the default, suits GEMM-bound shapes; 2-4 hide
-            all but 1/pieces of the transfers and the reduction where the reduce-scatter takes
-            about as long as the GEMM, with GEMMs 1/pieces as tall).
+            1..4 (NOTE [gemm_rs pieces]): the pulls start sooner and the reductions of all but
+            the last round run beside the GEMMs, for GEMMs 1/pieces as tall. 1, the default,
+            was the fastest on 4xH200 (NVSwitch) for every shape measured; more pieces are
+            meant for links that a single peer's pull cannot fill.
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
             least :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in

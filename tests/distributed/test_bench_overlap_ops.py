@@ -92,10 +92,7 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
                     "pipeline/lanes2-split1-staggered-pieces2",
                     "pipeline/lanes2-split1-staggered-pieces4"},
         "gemm_rs": {"pipeline/lanes1-split1", "pipeline/lanes2-split1",
-                    "pipeline/lanes1-split1-pieces2", "pipeline/lanes1-split1-pieces4",
-                    "pipeline/lanes2-split1-pieces2", "pipeline/lanes2-split1-pieces4",
-                    "pipeline/lanes1-split1-pieces2-blocks64",
-                    "pipeline/lanes1-split1-pieces4-blocks64",
+                    "pipeline/lanes1-split1-pieces2", "pipeline/lanes2-split1-pieces2",
                     "ring/lanes1-subchunks2", "ring/lanes1-subchunks4",
                     "ring/lanes2-subchunks2", "ring/lanes2-subchunks4"},
     }  # fmt: skip
@@ -179,7 +176,6 @@ def test_full_suite_options_with_tp2_subgroups(tmp_path: Path) -> None:
         {
             "pipeline/lanes2-split1",
             "pipeline/lanes2-split1-pieces2",
-            "pipeline/lanes2-split1-pieces4",
             "ring/lanes2-subchunks2",
             "ring/lanes2-subchunks4",
         },

@@ -132,6 +132,19 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 //   pull i     |   wait kData(r-i) >= e, pull piece 0 | wait >= e+1, pull piece 1 | ...  |      |
 //   reduce     |        wait pulls and own piece 0, reduce piece 0 | ... piece P-2 |      |      |
 // clang-format on
+//
+// Measured on 4xH200 (NVSwitch), where pieces did NOT pay: the default stays 1. A CUPTI
+// timeline of proj at TP 4 (M 8192, K 2048, N 8192, bf16, 0.46 ms for a floor of 0.37) has
+// four chunk GEMMs of 88 us, each peer chunk pulled in 94 us (32 MB at ~340 GB/s: through the
+// switch one peer's pull gets the whole NVLink bandwidth, so the link-parallelism argument
+// above does not hold there and the three pulls run back to back whatever the schedule), and
+// a 40 us reduction (160 MB at ~4 TB/s). The op is thus the first chunk's GEMM + three pulls
+// + the reduction. Two pieces start the pulls sooner but cost GEMM efficiency (8 x 46 us
+// instead of 4 x 88) and their early reductions slow the GEMMs beside them: 0.50 ms; four,
+// or a bounded reduction grid, are slower still. Also tried and not kept: the GEMM storing
+// its partial sums straight into the peers' receive slots (no pulls at all), slower on every
+// row, GEMM-bound ones included (fc2 TP 2 bf16 2.72 -> 3.03 ms; proj TP 4 0.48 -> 0.60 ms):
+// cuBLASLt's epilogue stores to peer memory are slow.
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream) {
