@@ -68,8 +68,8 @@ class CudaGraph:
     @property
     def ops(self) -> int:
         """Epochs of communication ops captured (0 before :meth:`capture`): one per op, more
-        for the ops that take several (AG+GEMM, ring GEMM+RS; NOTE [ag_gemm pieces], NOTE
-        [ring sub-epochs])."""
+        for the ops that take several (AG+GEMM and pipelined GEMM+RS: 5, NOTE [ag_gemm
+        pieces]; ring GEMM+RS: NOTE [ring sub-epochs])."""
         return 0 if self._log is None else int(self._log.ops)
 
     @contextlib.contextmanager
