@@ -176,12 +176,7 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
         std::uint64_t(d.dtype), std::uint64_t(pc.count())}) {
     arg = mix_arg(arg, v);
   }
-  ReduceOutput o;
-  o.format = d.dtype;
-  o.scale = d.scale;
-  o.scale_inv = out_scale_inv;
-  o.amax = d.amax;
-  o.max_blocks = config.reduce_max_blocks;
+  const ReduceOutput o = detail::gemm_rs_output(d, out_scale_inv, config);
   const std::size_t out_row_bytes = static_cast<std::size_t>(cols) * dtype_size(d.dtype);
   // Piece p of the output: the sum, in rank order (the same on every rank whichever rank
   // computed it), of our send slot r and every peer's receive slot, all local memory.

@@ -240,14 +240,8 @@ void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::
   t.join(stream);
   if (dtype_is_fp8(d.dtype)) {  // the final running sum, cast with scale / scale_inv / amax
     const void* input = plan.slot(r, plan.final_slot());
-    ReduceOutput o;
-    o.format = d.dtype;
-    o.scale = d.scale;
-    o.scale_inv = out_scale_inv;
-    o.amax = d.amax;
-    o.max_blocks = config.reduce_max_blocks;
-    t.reduce(d.data, &input, 1, static_cast<std::size_t>(shape.m * shape.cols), shape.partial, o,
-             stream, 0);
+    t.reduce(d.data, &input, 1, static_cast<std::size_t>(shape.m * shape.cols), shape.partial,
+             detail::gemm_rs_output(d, out_scale_inv, config), stream, 0);
   }
 }
 

@@ -90,6 +90,19 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
                           const float* out_scale_inv, const gemm::GemmOptions& options,
                           const OverlapConfig& config, const char* op);
 
+// How both GEMM -> RS methods store their sum into the caller's output `d` (FP8: with its
+// scale and amax, and 1 / scale into out_scale_inv).
+inline ReduceOutput gemm_rs_output(const gemm::GemmOutput& d, float* out_scale_inv,
+                                   const OverlapConfig& config) {
+  ReduceOutput o;
+  o.format = d.dtype;
+  o.scale = d.scale;
+  o.scale_inv = out_scale_inv;
+  o.amax = d.amax;
+  o.max_blocks = config.reduce_max_blocks;
+  return o;
+}
+
 // Rows [row0, row0 + rows) of a non-transposed operand.
 inline gemm::GemmOperand row_block(const gemm::GemmOperand& a, std::int64_t row0,
                                    std::int64_t rows) {
