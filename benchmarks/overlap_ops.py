@@ -445,8 +445,7 @@ def _bench_overlap_row(
 ) -> dict[str, Any]:
     """The times of an AG+GEMM or GEMM+RS row, added to ``out`` (the row)."""
     comm, group, variants, cuda, timer = run.comm, run.group, run.variants, run.cuda, run.timer
-    tp, fp8 = comm.group.size, out["dtype"] == "fp8"
-    m_all, k, n = out["M"], out["K"], out["N"]
+    tp, fp8, m_all, k, n = _row_shape(out, comm)
     w = operand(randn(n, k) * 0.05, fp8)
     if out["op"] == "ag_gemm":
         a = operand(randn(m_all // tp, k), fp8, amax_group=group)
@@ -485,6 +484,11 @@ def _bench_overlap_row(
     return out
 
 
+def _row_shape(row: dict[str, Any], comm: Communicator) -> tuple[int, bool, int, int, int]:
+    """(tp, fp8, M, K, N) of a row."""
+    return comm.group.size, row["dtype"] == "fp8", row["M"], row["K"], row["N"]
+
+
 def _row_inputs(cuda: bool) -> tuple[torch.device, Callable[..., torch.Tensor]]:
     """(device, randn) for one row: ``randn(*shape)`` gives bfloat16 normal values from a
     generator seeded per rank (every row starts from the same seed)."""
@@ -502,8 +506,7 @@ def _bench_bulk_row(
 ) -> dict[str, Any]:
     """The times of a bulk row (NOTE [bulk rows]), added to ``out`` (the row)."""
     comm, group, variants, cuda, timer = run.comm, run.group, run.variants, run.cuda, run.timer
-    tp, fp8 = comm.group.size, out["dtype"] == "fp8"
-    m_all, k, n = out["M"], out["K"], out["N"]
+    tp, fp8, m_all, k, n = _row_shape(out, comm)
     y = None
     if out["op"] == "bulk_ag":  # gather wgrad's input while dgrad runs
         a = operand(randn(m_all // tp, k), fp8, amax_group=group)

@@ -7,6 +7,7 @@ scale slot per rank.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from overlap._native import native
@@ -23,58 +24,56 @@ if TYPE_CHECKING:
 LastGather = tuple[int, "torch.dtype", DirectionFormat | None]
 
 
-def gathered_scale_invs(
-    op: str,
-    buffer: SymmetricBuffer,
-    *,
-    tp: int,
-    dtype: torch.dtype,
-    k: int,
-    last: LastGather | None,
-) -> torch.Tensor:
+@dataclasses.dataclass(frozen=True)
+class GatherState:
+    """What reading the gathered input back needs: the op's name (messages), its buffer, the
+    TP size, the dtype the shards travel in, K, and what the last call gathered (None before
+    the first call)."""
+
+    op: str
+    buffer: SymmetricBuffer
+    tp: int
+    dtype: torch.dtype
+    k: int
+    last: LastGather | None
+
+
+def gathered_scale_invs(g: GatherState) -> torch.Tensor:
     """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""
     import torch
 
-    if last is None or last[2] is None:
-        raise StateError(f"{op}: no FP8 call yet")
-    shard_bytes = last[0] * k * dtype.itemsize
-    scale_offset, _ = native().comm_ops.ag_gemm_layout(tp, shard_bytes, True)
+    if g.last is None or g.last[2] is None:
+        raise StateError(f"{g.op}: no FP8 call yet")
+    shard_bytes = g.last[0] * g.k * g.dtype.itemsize
+    scale_offset, _ = native().comm_ops.ag_gemm_layout(g.tp, shard_bytes, True)
     # One 16-byte slot per rank (NOTE [ag_gemm layout]): the scale_inv is its first float.
-    return buffer.view(torch.float32, (tp, 4), offset=int(scale_offset))[:, 0]
+    return g.buffer.view(torch.float32, (g.tp, 4), offset=int(scale_offset))[:, 0]
 
 
-def gathered_input(
-    op: str,
-    buffer: SymmetricBuffer,
-    *,
-    tp: int,
-    dtype: torch.dtype,
-    k: int,
-    last: LastGather | None,
-) -> torch.Tensor | QuantizedTensor:
+def gathered_input(g: GatherState) -> torch.Tensor | QuantizedTensor:
     """The last call's gathered ``[tp * m, k]`` input, a view of the buffer (FP8: a
     :class:`QuantizedTensor` with the one scale_inv every rank's shard must share).
 
     Raises:
         StateError: before the first call, or FP8 shards whose scale_invs differ.
     """
-    if last is None:
-        raise StateError(f"{op}: gathered_input() before the first call")
-    m, hp_dtype, fmt = last
-    rows = tp * m
-    data = buffer.view(dtype, (rows, k))
+    if g.last is None:
+        raise StateError(f"{g.op}: gathered_input() before the first call")
+    m, hp_dtype, fmt = g.last
+    rows = g.tp * m
+    data = g.buffer.view(g.dtype, (rows, g.k))
     if fmt is None:
         return data
-    scales = gathered_scale_invs(op, buffer, tp=tp, dtype=dtype, k=k, last=last)
+    scales = gathered_scale_invs(g)
     if not bool((scales == scales[0]).all()):
         raise StateError(
-            f"{op}: the ranks' shards have different scale_inv values "
+            f"{g.op}: the ranks' shards have different scale_inv values "
             f"({scales.tolist()}); a gathered per-tensor FP8 tensor needs one (quantize with "
             "an amax reduced over the TP group, DESIGN.md invariant 3). Use "
             "gathered_scale_invs() to read them"
         )
     return QuantizedTensor(
-        shape=(rows, k),
+        shape=(rows, g.k),
         dtype=hp_dtype,
         rowwise_format=fmt,
         columnwise_format=DirectionFormat(),

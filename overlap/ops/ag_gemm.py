@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from overlap._native import native
 from overlap.errors import InvalidArgumentError
-from overlap.ops._gathered import gathered_input, gathered_scale_invs
+from overlap.ops._gathered import GatherState, gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     Operand,
     check_given_buffer,
@@ -246,15 +246,14 @@ class AllGatherGemm:
         backward; copy it, or save the shard and re-gather). On cuda, read it on the stream
         of the call (or after it); the FP8 scale check reads the scales on the host.
         """
-        return gathered_input(
-            _OP, self.buffer, tp=self.tp, dtype=self.dtype, k=self.in_features, last=self._last
-        )
+        return gathered_input(self._gather_state())
 
     def gathered_scale_invs(self) -> torch.Tensor:
         """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""
-        return gathered_scale_invs(
-            _OP, self.buffer, tp=self.tp, dtype=self.dtype, k=self.in_features, last=self._last
-        )
+        return gathered_scale_invs(self._gather_state())
+
+    def _gather_state(self) -> GatherState:
+        return GatherState(_OP, self.buffer, self.tp, self.dtype, self.in_features, self._last)
 
     def destroy(self) -> None:
         """Free the buffer if the op created it (not a ``buffer=`` given to it). Idempotent;

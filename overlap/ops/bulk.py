@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from overlap._native import native
 from overlap.errors import InvalidArgumentError
-from overlap.ops._gathered import gathered_input, gathered_scale_invs
+from overlap.ops._gathered import GatherState, gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     HIGH_PRECISION,
     Operand,
@@ -284,15 +284,14 @@ class AllGatherBesideGemm:
                 with an amax reduced over the TP group, DESIGN.md invariant 3;
                 :meth:`gathered_scale_invs` has them).
         """
-        return gathered_input(
-            _AG, self.buffer, tp=self.tp, dtype=self.dtype, k=self.in_features, last=self._last
-        )
+        return gathered_input(self._gather_state())
 
     def gathered_scale_invs(self) -> torch.Tensor:
         """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""
-        return gathered_scale_invs(
-            _AG, self.buffer, tp=self.tp, dtype=self.dtype, k=self.in_features, last=self._last
-        )
+        return gathered_scale_invs(self._gather_state())
+
+    def _gather_state(self) -> GatherState:
+        return GatherState(_AG, self.buffer, self.tp, self.dtype, self.in_features, self._last)
 
     def destroy(self) -> None:
         """Free the buffer if the op created it. Idempotent; not collective."""
