@@ -15,7 +15,10 @@ candidate / candidates timed; ``hit`` = the timed calls were cache hits of the p
 
 Times are medians of 20 samples, each the mean of back-to-back calls between two CUDA events
 (so that Python call overhead overlaps GPU work, as it does in a real schedule), after
-warm-up. Prints one table per dtype and writes JSON to ``--json``. ``--full`` adds M = 16384.
+warm-up. Ours and torch's take turns sample by sample, and each % compares ours with torch's
+samples of the same window (``first`` and ``tuned`` each have their own), so that the GPU's
+clock drift under sustained GEMMs (power, temperature) falls on both alike. Prints one table
+per dtype and writes JSON to ``--json``. ``--full`` adds M = 16384.
 
     python -m benchmarks.gemm [--full] [--json PATH] [--candidates N] [--rounds R]
 """
@@ -61,21 +64,32 @@ def suite(tp: int) -> list[tuple[str, int, int]]:
     ]
 
 
-def time_ms(fn: Callable[[], object], *, samples: int = 20, inner: int = 5) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
+def time_ms(*fns: Callable[[], object], samples: int = 20, inner: int = 5) -> list[float]:
+    """Median milliseconds per call of each of ``fns``, sampled in turn.
+
+    A sample is the mean of ``inner`` back-to-back calls between two CUDA events. The
+    functions take turns sample by sample (in alternating order: A B, B A, ...), so that every
+    one of them sees the same clocks: an H200 running GEMMs back to back slows down by up to
+    ~15% over a few seconds (power and temperature), and timing one function after another
+    would charge that drift to whichever came last.
+    """
+    for fn in fns:
+        for _ in range(3):
             fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    times: list[list[float]] = [[] for _ in fns]
+    for s in range(samples):
+        order = list(range(len(fns)))
+        for i in order if s % 2 == 0 else order[::-1]:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fns[i]()
+            end.record()
+            end.synchronize()
+            times[i].append(start.elapsed_time(end) / inner)
+    return [statistics.median(t) for t in times]
 
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:
@@ -136,22 +150,29 @@ def cases(m: int, n: int, k: int, block: bool) -> list[Case]:
 
 
 def bench_case(case: Case, config: AutotuneConfig) -> dict[str, Any]:
-    """torch, ours with the heuristic's first algorithm, ours pre-tuned: ms and the pick."""
+    """Ours with the heuristic's first algorithm, then ours pre-tuned, each timed in turn with
+    torch (time_ms): ms, the pick, and our speed relative to torch's in the same window."""
     p = case.name
-    res: dict[str, Any] = {f"{p}_torch_ms": None if case.theirs is None else time_ms(case.theirs)}
+    res: dict[str, Any] = {}
     device = torch.cuda.current_device()
+
+    def timed(ours: Callable[[], object]) -> tuple[float, float | None]:
+        if case.theirs is None:
+            return time_ms(ours)[0], None
+        mine, theirs = time_ms(ours, case.theirs)
+        return mine, theirs
 
     clear_gemm_cache()
     previous = set_autotune_config(dataclasses.replace(config, enabled=False))
     try:
-        res[f"{p}_first_ms"] = time_ms(case.ours)
+        res[f"{p}_first_ms"], torch_first = timed(case.ours)
     finally:
         set_autotune_config(previous)
 
     clear_gemm_cache()
     (tuning,) = autotune([case.problem], max_candidates=config.max_candidates, rounds=config.rounds)
     misses = gemm_cache_stats(device)["misses"]
-    res[f"{p}_tuned_ms"] = time_ms(case.ours)
+    res[f"{p}_tuned_ms"], res[f"{p}_torch_ms"] = timed(case.ours)
     res[f"{p}_hit"] = gemm_cache_stats(device)["misses"] == misses
     res[f"{p}_pick"] = (
         f"{tuning.chosen}/{sum(t is not None for t in tuning.times_ms)}"
@@ -159,6 +180,8 @@ def bench_case(case: Case, config: AutotuneConfig) -> dict[str, Any]:
         else tuning.status
     )
     res[f"{p}_tuning_ms"] = list(tuning.times_ms)
+    res[f"{p}_first_pct"] = pct(torch_first, res[f"{p}_first_ms"])
+    res[f"{p}_tuned_pct"] = pct(res[f"{p}_torch_ms"], res[f"{p}_tuned_ms"])
     return res
 
 
@@ -237,11 +260,6 @@ def main(argv: list[str] | None = None) -> int:
                     row.update({"m": m, "n": n, "k": k})
                     for case in cases(m, n, k, block):
                         row.update(bench_case(case, config))
-                    for p in ("bf16", "fp8"):
-                        for which in ("first", "tuned"):
-                            row[f"{p}_{which}_pct"] = pct(
-                                row[f"{p}_torch_ms"], row[f"{p}_{which}_ms"]
-                            )
                     if block:
                         for which in ("first", "tuned"):
                             row[f"block_{which}_pct"] = pct(
