@@ -2,8 +2,9 @@
 
 A *variant* is a named builder plus its keyword arguments. For each row of the suite, every
 registered variant of the row's op that applies to it is built (collectively, on every rank
-of the TP group), timed and released; the JSON keeps the time of every variant and the table
-shows the best one with its name (``method/kwargs``, e.g. ``pipeline/lanes2-split1``).
+of the TP group), then all of them are timed in turn, in passes (NOTE [timing passes] in
+overlap_ops.py), then released; the JSON keeps the time of every variant and the table shows
+the best one with its name (``method/kwargs``, e.g. ``pipeline/lanes2-split1``).
 
 A builder gets a :class:`Case` (this rank's operands and the TP group's communicator) and its
 kwargs, and returns a zero-argument callable that runs the op once on the case's operands,
@@ -16,8 +17,11 @@ writing into ``case.out``. Adding a method is a builder and one :func:`register`
     register("gemm_rs", "ring", build_ring_rs, grid(lanes=(1, 2)))
 
 ``case.keep(key, make, destroy)`` builds an object once per row and shares it between the
-variants that only differ by settings applied at call time (one buffer per op object, not per
-variant); it is destroyed when the row is done. A builder that raises (on every rank, e.g. a
+variants that only differ by settings (one buffer per op object, not per variant); it is
+destroyed when the row is done. NOTE [settings per call]: the variants sharing an object are
+all built before any is timed, and timed in turn, so a runner applies its settings to the
+shared object on every call, never once in the builder (whose settings the next builder
+would overwrite). A builder that raises (on every rank, e.g. a
 typed error for an unsupported dtype) makes that variant "n/a" with the reason; the sweep goes
 on. ``--methods PATTERN[,PATTERN]`` (fnmatch on ``op:method/kwargs``) picks variants, and
 ``--import MODULE`` imports a module of more :func:`register` calls on every rank (methods
@@ -263,28 +267,36 @@ def _cuda_setting(case: Case, kwargs: Mapping[str, Any]) -> bool:
 
 def _ag_pipeline(case: Case, *, lanes: int, split: int, staggered: bool, pieces: int = 1) -> Runner:
     """:class:`~overlap.ops.AllGatherGemm`: one op object per lane count; copies per peer
-    (``put_split``), staggered pushes and pieces per peer shard are settings, applied here
-    (variants are built and timed one after the other)."""
+    (``put_split``), staggered pushes and pieces per peer shard are settings, applied by every
+    call (NOTE [settings per call])."""
     op = case.keep(
         ("ag_pipeline", lanes),
         lambda: AllGatherGemm(case.comm, case.m, case.k, case.input_dtype, compute_lanes=lanes),
     )
-    op.buffer.put_split = split
-    op.staggered_puts = staggered
-    op.pieces = pieces
-    return lambda: op(case.a, case.w, out=case.out)
+
+    def run() -> object:
+        op.buffer.put_split = split
+        op.staggered_puts = staggered
+        op.pieces = pieces
+        return op(case.a, case.w, out=case.out)
+
+    return run
 
 
 def _rs_pipeline(case: Case, *, lanes: int, split: int, pieces: int = 1) -> Runner:
     """:class:`~overlap.ops.GemmReduceScatter`, one op object per lane count (``put_split``
-    and pieces applied here, as for AG+GEMM)."""
+    and pieces applied by every call, as for AG+GEMM)."""
     op = case.keep(
         ("rs_pipeline", lanes),
         lambda: GemmReduceScatter(case.comm, case.m, case.n, torch.bfloat16, compute_lanes=lanes),
     )
-    op.buffer.put_split = split
-    op.pieces = pieces
-    return lambda: op(case.a, case.w, out=case.out)
+
+    def run() -> object:
+        op.buffer.put_split = split
+        op.pieces = pieces
+        return op(case.a, case.w, out=case.out)
+
+    return run
 
 
 register(
@@ -336,9 +348,13 @@ def _bulk_ag(case: Case, *, serial: bool) -> Runner:
     op = case.keep(
         ("bulk_ag",), lambda: AllGatherBesideGemm(case.comm, case.m, case.k, case.input_dtype)
     )
-    op.buffer.serial_puts = serial
     side = case.side
-    return lambda: op(case.a, side.a, side.b, out=side.out, transb=True)
+
+    def run() -> object:
+        op.buffer.serial_puts = serial
+        return op(case.a, side.a, side.b, out=side.out, transb=True)
+
+    return run
 
 
 def _bulk_rs(case: Case, *, serial: bool, margin: int) -> Runner:
@@ -349,10 +365,14 @@ def _bulk_rs(case: Case, *, serial: bool, margin: int) -> Runner:
         ("bulk_rs",),
         lambda: ReduceScatterBesideGemm(case.comm, case.m, case.k, torch.bfloat16),
     )
-    op.buffer.serial_puts = serial
-    op.gemm_sm_margin = margin
     side = case.side
-    return lambda: op(case.a, side.a, side.b, out=case.out, gemm_out=side.out, transb=True)
+
+    def run() -> object:
+        op.buffer.serial_puts = serial
+        op.gemm_sm_margin = margin
+        return op(case.a, side.a, side.b, out=case.out, gemm_out=side.out, transb=True)
+
+    return run
 
 
 register("bulk_ag", "bulk", _bulk_ag, grid(serial=(True, False)))

@@ -19,11 +19,12 @@ Per op x shape x dtype x TP size, in one run on the same devices:
   DESIGN.md (a reference column, not measured by this run).
 
 Timing: median of ``--iters`` (>= 20 on GPUs) timed runs after warm-up, CUDA events (wall
-clock on the host transport), max over all ranks. ``--timing gpu`` (default) measures the GPU
-alone: every rank first passes a device-side barrier (an NCCL all-reduce of one element), then
-queues a GPU spin, then the timed calls back to back with an event between consecutive calls,
-so all ranks start at about the same time and the host's enqueueing is hidden, as in a
-training step whose host runs ahead of its GPU.
+clock on the host transport), max over all ranks; every call of a row is timed in ``--passes``
+passes (2 on GPUs), odd ones in reverse order, and the median kept (NOTE [timing passes]).
+``--timing gpu`` (default) measures the GPU alone: every rank first passes a device-side
+barrier (an NCCL all-reduce of one element), then queues a GPU spin, then the timed calls back
+to back with an event between consecutive calls, so all ranks start at about the same time and
+the host's enqueueing is hidden, as in a training step whose host runs ahead of its GPU.
 ``--timing e2e`` records the start event on an idle GPU, so the time includes the host's
 enqueueing where that is longer than the GPU's start (benchmarks/common.py; the JSON records
 which).
@@ -294,8 +295,9 @@ def data_of(x: torch.Tensor | QuantizedTensor) -> tuple[torch.Tensor, torch.Tens
     return x, None
 
 
-def gemm_times(a, w, tp: int, timer: Callable[[Callable[[], object]], float]) -> dict:
-    """The whole GEMM ``a @ w.T`` and the same as ``tp`` row chunks into one output."""
+def gemm_calls(a, w, tp: int) -> dict[str, Callable[[], object]]:
+    """The whole GEMM ``a @ w.T`` (``T_gemm_whole``) and the same as ``tp`` row chunks into one
+    output (``T_gemm_chunked``)."""
     ad, asi = data_of(a)
     wd, wsi = data_of(w)
     out = torch.empty((ad.shape[0], wd.shape[0]), dtype=torch.bfloat16, device=ad.device)
@@ -306,7 +308,7 @@ def gemm_times(a, w, tp: int, timer: Callable[[Callable[[], object]], float]) ->
         for j in range(tp):
             gemm(ad[j * m : (j + 1) * m], wd, row_offset=j * m, **kw)
 
-    return {"whole": timer(lambda: gemm(ad, wd, **kw)), "chunked": timer(chunked)}
+    return {"T_gemm_whole": lambda: gemm(ad, wd, **kw), "T_gemm_chunked": chunked}
 
 
 def sequential_ag_gemm(a, w, group: Any, out: torch.Tensor) -> torch.Tensor:
@@ -385,32 +387,53 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def time_variants(
-    case: Case, variants: Sequence[Variant], timer: Callable[[Callable[[], object]], float]
-) -> tuple[dict[str, float], dict[str, str]]:
-    """(ms by variant name, error by variant name) of the variants that apply to ``case``.
+def build_variants(
+    case: Case, variants: Sequence[Variant]
+) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
+    """(call by variant name, error by variant name) of the variants that apply to ``case``.
 
     A variant whose builder raises on any rank is reported with the error and skipped by all
-    ranks; the objects the builders kept are destroyed at the end."""
-    times: dict[str, float] = {}
+    ranks; the objects the builders keep live until ``case.release()``."""
+    calls: dict[str, Callable[[], object]] = {}
     errors: dict[str, str] = {}
-    try:
-        for v in variants:
-            if not v.applies(case):
-                continue
-            run, error = None, None
-            try:
-                run = v.make(case)
-            except Exception as exc:  # reported as n/a (after every rank agreed)
-                error = _describe(exc)
-            error = first_error(error)
-            if error is not None:
-                errors[v.name] = error
-                continue
-            times[v.name] = timer(run)
-    finally:
-        case.release()
-    return times, errors
+    for v in variants:
+        if not v.applies(case):
+            continue
+        run, error = None, None
+        try:
+            run = v.make(case)
+        except Exception as exc:  # reported as n/a (after every rank agreed)
+            error = _describe(exc)
+        error = first_error(error)
+        if error is not None:
+            errors[v.name] = error
+            continue
+        calls[v.name] = run
+    return calls, errors
+
+
+def time_in_passes(
+    calls: dict[str, Callable[[], object]],
+    timer: Callable[[Callable[[], object]], float],
+    passes: int,
+    samples: dict[str, list[float]] | None = None,
+) -> dict[str, float]:
+    """Milliseconds of every call: the median over ``passes`` passes (NOTE [timing passes]);
+    each pass's times in ``samples`` (by call name), when given.
+
+    NOTE [timing passes]: a row's quantities (T_gemm, T_comm, T_seq, every variant, torch) are
+    timed one after another, and an H200 running GEMMs back to back slows down by up to ~15%
+    within seconds (power and temperature; benchmarks/gemm.py measured it), which would charge
+    the drift to whatever is timed last. So every call is timed once per pass, odd passes in
+    reverse order: with two passes, a drift that is linear in time falls on every call alike.
+    """
+    names = list(calls)
+    samples = {} if samples is None else samples
+    samples.update({name: [] for name in names})
+    for p in range(passes):
+        for name in names if p % 2 == 0 else names[::-1]:
+            samples[name].append(timer(calls[name]))
+    return {name: statistics.median(samples[name]) for name in names}
 
 
 @dataclass(frozen=True)
@@ -423,6 +446,7 @@ class RowRun:
     variants: Sequence[Variant]
     cuda: bool
     timer: Callable[[Callable[[], object]], float]
+    passes: int = 1
 
 
 def bench_row(
@@ -433,9 +457,11 @@ def bench_row(
     *,
     cuda: bool,
     timer: Callable[[Callable[[], object]], float],
+    passes: int = 1,
 ) -> dict[str, Any]:
-    """Every time of one row (COLLECTIVE over the world: all TP groups run it at once)."""
-    run = RowRun(comm, group, variants, cuda, timer)
+    """Every time of one row (COLLECTIVE over the world: all TP groups run it at once), each
+    the median over ``passes`` passes (NOTE [timing passes])."""
+    run = RowRun(comm, group, variants, cuda, timer, passes)
     times = _bench_bulk_row if row["op"] in BULK_OPS else _bench_overlap_row
     return add_metrics(times(dict(row), run, *_row_inputs(cuda)))
 
@@ -444,44 +470,66 @@ def _bench_overlap_row(
     out: dict[str, Any], run: RowRun, device: torch.device, randn: Callable[..., torch.Tensor]
 ) -> dict[str, Any]:
     """The times of an AG+GEMM or GEMM+RS row, added to ``out`` (the row)."""
-    comm, group, variants, cuda, timer = run.comm, run.group, run.variants, run.cuda, run.timer
+    comm, group, cuda = run.comm, run.group, run.cuda
     tp, fp8, m_all, k, n = _row_shape(out, comm)
     w = operand(randn(n, k) * 0.05, fp8)
     if out["op"] == "ag_gemm":
         a = operand(randn(m_all // tp, k), fp8, amax_group=group)
-        gemms = gemm_times(operand(randn(m_all, k), fp8), w, tp, timer)
-        out["T_comm"] = timer(lambda: all_gather_rows(data_of(a)[0], group))
+        calls = gemm_calls(operand(randn(m_all, k), fp8), w, tp)
+        calls["T_comm"] = lambda: all_gather_rows(data_of(a)[0], group)
         y = torch.empty((m_all, n), dtype=torch.bfloat16, device=device)
-        out["T_seq"] = timer(lambda: sequential_ag_gemm(a, w, group, torch.empty_like(y)))
+        y_seq = torch.empty_like(y)
+        calls["T_seq"] = lambda: sequential_ag_gemm(a, w, group, y_seq)
     else:
         a = operand(randn(m_all, k), fp8)
-        gemms = gemm_times(a, w, tp, timer)
+        calls = gemm_calls(a, w, tp)
         partial = randn(m_all, n)
         y = torch.empty((m_all // tp, n), dtype=torch.bfloat16, device=device)
         if cuda:
-            out["T_comm"] = timer(lambda: dist.reduce_scatter_tensor(y, partial, group=group))
+            calls["T_comm"] = lambda: dist.reduce_scatter_tensor(y, partial, group=group)
         else:  # gloo has no reduce-scatter: the all-gather the exact reference sums after
-            out["T_comm"] = timer(lambda: all_gather_rows(partial.unsqueeze(0), group))
-        out["T_seq"] = timer(
-            lambda: gemm_reduce_scatter_reference(a, w, group=group, exact=not cuda)
-        )
-    out["T_gemm"] = min(gemms.values())
-    out["T_gemm_whole"], out["T_gemm_chunked"] = gemms["whole"], gemms["chunked"]
-    case = Case(out["op"], comm, m_all, k, n, a, w, y, fp8, cuda, group=group)
-    out["T_ours_by_variant"], out["variant_errors"] = time_variants(case, variants, timer)
-
-    out["T_torch"] = None
+            calls["T_comm"] = lambda: all_gather_rows(partial.unsqueeze(0), group)
+        calls["T_seq"] = lambda: gemm_reduce_scatter_reference(a, w, group=group, exact=not cuda)
+    torch_call = None
     if not cuda:
         out["torch_error"] = "needs CUDA symmetric memory (host transport)"
     else:
         try:
-            out["torch_op"], fn = torch_async_tp(out["op"], a, w, group.group_name)
-            out["T_torch"] = timer(fn)
+            out["torch_op"], torch_call = torch_async_tp(out["op"], a, w, group.group_name)
+            torch_call()  # raises here where torch's op does not apply
         except Exception as exc:  # any failure of torch's op is reported as n/a
-            out["torch_error"] = _describe(exc)
+            out["torch_error"], torch_call = _describe(exc), None
+    case = Case(out["op"], comm, m_all, k, n, a, w, y, fp8, cuda, group=group)
+    _time_row(out, run, case, calls, torch_call)
+    out["T_gemm"] = min(out["T_gemm_whole"], out["T_gemm_chunked"])
     te = te_reference(out, cuda)
     out["T_te_ref"], out["te_ref_method"] = te if te else (None, None)
     return out
+
+
+def _time_row(
+    out: dict[str, Any],
+    run: RowRun,
+    case: Case,
+    calls: dict[str, Callable[[], object]],
+    torch_call: Callable[[], object] | None,
+) -> None:
+    """Builds the row's variants, then times ``calls`` (into ``out`` under their names), every
+    variant (``T_ours_by_variant``) and ``torch_call`` (``T_torch``; None: not timed) in
+    passes (NOTE [timing passes]; each pass's times in ``pass_times``); releases the case's
+    objects."""
+    try:
+        built, out["variant_errors"] = build_variants(case, run.variants)
+        timed = {**calls, **{f"variant {name}": call for name, call in built.items()}}
+        if torch_call is not None:
+            timed["T_torch"] = torch_call
+        out["pass_times"] = {}
+        times = time_in_passes(timed, run.timer, run.passes, out["pass_times"])
+    finally:
+        case.release()
+    out.update({name: times[name] for name in calls})
+    out["T_ours_by_variant"] = {name: times[f"variant {name}"] for name in built}
+    out["T_torch"] = times.get("T_torch")
 
 
 def _row_shape(row: dict[str, Any], comm: Communicator) -> tuple[int, bool, int, int, int]:
@@ -505,7 +553,7 @@ def _bench_bulk_row(
     out: dict[str, Any], run: RowRun, device: torch.device, randn: Callable[..., torch.Tensor]
 ) -> dict[str, Any]:
     """The times of a bulk row (NOTE [bulk rows]), added to ``out`` (the row)."""
-    comm, group, variants, cuda, timer = run.comm, run.group, run.variants, run.cuda, run.timer
+    comm, group, cuda = run.comm, run.group, run.cuda
     tp, fp8, m_all, k, n = _row_shape(out, comm)
     y = None
     if out["op"] == "bulk_ag":  # gather wgrad's input while dgrad runs
@@ -534,23 +582,21 @@ def _bench_bulk_row(
             return all_gather_rows(a.unsqueeze(0), group)  # gloo has no reduce-scatter
 
     side_gemm = side_gemm_call(side)
-    out["T_gemm"] = out["T_gemm_whole"] = timer(side_gemm)
-    out["T_gemm_chunked"] = None
-    out["T_comm"] = timer(collective)
 
     def sequential() -> None:
         collective()
         side_gemm()
 
-    out["T_seq"] = timer(sequential)
-    case = Case(out["op"], comm, m_all, k, n, a, None, y, fp8, cuda, group=group, side=side)
-    out["T_ours_by_variant"], out["variant_errors"] = time_variants(case, variants, timer)
-    out["T_torch"] = None
+    calls = {"T_gemm": side_gemm, "T_comm": collective, "T_seq": sequential}
+    torch_call = None
     if cuda:
         out["torch_op"] = "nccl_side_stream"
-        out["T_torch"] = timer(side_stream_overlap(collective, side_gemm))
+        torch_call = side_stream_overlap(collective, side_gemm)
     else:
         out["torch_error"] = "the NCCL side-stream baseline needs CUDA"
+    case = Case(out["op"], comm, m_all, k, n, a, None, y, fp8, cuda, group=group, side=side)
+    _time_row(out, run, case, calls, torch_call)
+    out["T_gemm_whole"], out["T_gemm_chunked"] = out["T_gemm"], None
     out["T_te_ref"], out["te_ref_method"] = None, None
     return out
 
@@ -660,7 +706,8 @@ def table_text(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         f"comm-GEMM overlap on {meta['world_size']} ranks ({meta['transport']} transport, "
         f"{meta.get('gpu') or 'CPU'}), ms: median of {timing['iters']} after "
-        f"{timing['warmup']} warm-up, max over ranks, timing mode {timing['mode']!r}",
+        f"{timing['warmup']} warm-up, max over ranks, timing mode {timing['mode']!r}, median of "
+        f"{timing.get('passes', 1)} passes",
         "floor = max(T_gemm, T_comm); eff = 1 - (T_ours - T_gemm) / (T_seq - T_gemm); "
         "vs X = T_ours / T_X (< 1: ours faster); torch = torch async-TP (n/a: see JSON); "
         "bulk rows: T_gemm = the side GEMM, torch = NCCL on a side stream beside it",
@@ -746,12 +793,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "GPU spin (the GPU's time alone); e2e: CUDA events on an idle GPU, host enqueueing "
         "included where it is longer than the GPU's start",
     )
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=None,
+        help="time each row's calls in this many passes, odd ones in reverse order, and keep "
+        "the median (NOTE [timing passes]); default: 2 (cuda), 1 (host)",
+    )
     parser.add_argument("--launch", type=int, default=0, help="start N ranks under mpirun")
     args = parser.parse_args(argv)
     args.iters = args.iters or (20 if args.cuda else 3)
     args.warmup = args.warmup if args.warmup is not None else (5 if args.cuda else 1)
-    if args.iters < 1 or args.warmup < 0:
-        parser.error("--iters must be >= 1 and --warmup >= 0")
+    args.passes = args.passes or (2 if args.cuda else 1)
+    if args.iters < 1 or args.warmup < 0 or args.passes < 1:
+        parser.error("--iters and --passes must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -823,7 +878,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             enable_torch_symm_mem(boot.group)
         try:
             for row in (r for r in rows if r["tp"] == tp):
-                res = bench_row(row, comm, boot.group, variants, cuda=args.cuda, timer=timer)
+                res = bench_row(
+                    row,
+                    comm,
+                    boot.group,
+                    variants,
+                    cuda=args.cuda,
+                    timer=timer,
+                    passes=args.passes,
+                )
                 results.append(res)
                 progress.step(_progress_message(res))
         finally:
@@ -842,9 +905,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch": torch.__version__,
         "overlap_build": summary(),
         "argv": argv,
-        "timing": timing_protocol(
-            cuda=args.cuda, queued=queued, warmup=args.warmup, iters=args.iters, aligned=queued
-        ),
+        "timing": {
+            **timing_protocol(
+                cuda=args.cuda, queued=queued, warmup=args.warmup, iters=args.iters, aligned=queued
+            ),
+            "passes": args.passes,
+            "passes_note": "every time of a row is the median over this many passes, each "
+            "timing all of the row's calls once, odd passes in reverse order (NOTE [timing "
+            "passes] in benchmarks/overlap_ops.py)",
+        },
         "tp_layout": "TP groups of contiguous ranks; with TP < world size all groups run each "
         "op at the same time and times are the max over all ranks (NOTE [TP below the world "
         "size] in benchmarks/overlap_ops.py)",

@@ -8,6 +8,7 @@ import io
 import random
 import re
 import statistics
+import types
 
 import pytest
 
@@ -222,6 +223,28 @@ def test_timing_protocol_documents_each_mode() -> None:
     assert aligned["mode"] == "gpu" and "device-side barrier" in aligned["clock"]
 
 
+def test_timing_passes_alternate_the_order_and_keep_the_median() -> None:
+    order: list[str] = []
+    clock = iter(range(1, 100))
+
+    def timer(call) -> float:  # a clock that drifts: each call is timed later than the last
+        call()
+        return float(next(clock))
+
+    calls = {name: (lambda name=name: order.append(name)) for name in ("gemm", "comm", "ours")}
+    times = bench.time_in_passes(calls, timer, passes=2)
+    assert order == ["gemm", "comm", "ours", "ours", "comm", "gemm"]
+    # A linear drift falls on every call alike: (1 + 6) / 2 == (2 + 5) / 2 == (3 + 4) / 2.
+    assert times == {"gemm": 3.5, "comm": 3.5, "ours": 3.5}
+    order.clear()
+    assert bench.time_in_passes(calls, timer, passes=3) == {
+        "gemm": 12.0,
+        "comm": 11.0,
+        "ours": 10.0,
+    }
+    assert order == ["gemm", "comm", "ours", "ours", "comm", "gemm", "gemm", "comm", "ours"]
+
+
 def test_registry_names_selection_and_a_new_method() -> None:
     names = {v.full_name for v in methods.registered()}
     assert "ag_gemm:pipeline/lanes2-split1-staggered" in names
@@ -295,6 +318,39 @@ def test_case_keep_builds_once_and_releases_newest_first() -> None:
     ]
     case.release()  # nothing left: no second destroy
     assert len(log) == 5
+
+
+def test_runners_apply_their_settings_on_every_call() -> None:
+    """NOTE [settings per call]: variants sharing one op object are all built before any runs."""
+
+    class SharedOp:
+        def __init__(self) -> None:
+            self.buffer = types.SimpleNamespace(put_split=0, serial_puts=None)
+            self.staggered_puts = self.pieces = self.gemm_sm_margin = None
+            self.seen: list[tuple] = []
+
+        def __call__(self, *args, **kwargs) -> None:
+            b = self.buffer
+            self.seen.append((b.put_split, b.serial_puts, self.staggered_puts, self.pieces))
+            self.seen[-1] += (self.gemm_sm_margin,)
+
+    case = methods.Case("ag_gemm", None, 8, 8, 8, None, None, None, False, True)
+    ag = SharedOp()
+    case.keep(("ag_pipeline", 1), lambda: ag)
+    first = methods._ag_pipeline(case, lanes=1, split=1, staggered=False)
+    second = methods._ag_pipeline(case, lanes=1, split=2, staggered=True, pieces=4)
+    first(), second(), first()
+    expected = [(1, None, False, 1), (2, None, True, 4), (1, None, False, 1)]
+    assert [s[:4] for s in ag.seen] == expected
+
+    side = methods.SideGemm(None, None, None)
+    case = methods.Case("bulk_rs", None, 8, 8, 8, None, None, None, False, True, side=side)
+    rs = SharedOp()
+    case.keep(("bulk_rs",), lambda: rs)
+    first = methods._bulk_rs(case, serial=True, margin=0)
+    second = methods._bulk_rs(case, serial=False, margin=16)
+    second(), first()
+    assert [(s[1], s[4]) for s in rs.seen] == [(False, 16), (True, 0)]
 
 
 def test_progress_lines_count_up_with_eta() -> None:
