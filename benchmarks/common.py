@@ -19,6 +19,14 @@ from typing import Any
 _SPIN_CYCLES_PER_MS = 2_000_000
 
 
+def spin_gpu(ms: float) -> None:
+    """Queue a GPU spin of about ``ms`` milliseconds (at least; longer at lower clocks) on the
+    current stream, so that the host can enqueue work behind it without the GPU waiting."""
+    import torch
+
+    torch.cuda._sleep(int(ms * _SPIN_CYCLES_PER_MS))
+
+
 def time_op(
     fn: Callable[[], object],
     *,
@@ -57,7 +65,7 @@ def time_op(
         events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
         if align is not None:
             align()
-        torch.cuda._sleep(int((1.5 * host_s * 1e3 * iters + 1.0) * _SPIN_CYCLES_PER_MS))
+        spin_gpu(1.5 * host_s * 1e3 * iters + 1.0)
         events[0].record()
         for i in range(iters):
             fn()

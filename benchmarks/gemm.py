@@ -13,12 +13,16 @@ and ours twice: ``first`` = cuBLASLt's first heuristic result (autotuning off), 
 after :func:`overlap.gemm.autotune` pre-tuned the key (``pick`` = index of the chosen
 candidate / candidates timed; ``hit`` = the timed calls were cache hits of the pre-tuned key).
 
-Times are medians of 20 samples, each the mean of back-to-back calls between two CUDA events
-(so that Python call overhead overlaps GPU work, as it does in a real schedule), after
-warm-up. Ours and torch's take turns sample by sample, and each % compares ours with torch's
-samples of the same window (``first`` and ``tuned`` each have their own), so that the GPU's
-clock drift under sustained GEMMs (power, temperature) falls on both alike. Prints one table
-per dtype and writes JSON to ``--json``. ``--full`` adds M = 16384.
+Times are GPU times: medians of 20 samples, each the mean of 5 back-to-back calls between two
+CUDA events, queued behind a GPU spin that outlasts the host's enqueueing of them (the GEMM's
+throughput, as inside the overlap ops, whose chunk GEMMs are issued from C++ ahead of the
+GPU). Ours and torch's take turns sample by sample, and each % compares ours with torch's
+samples of the same window (``first`` and ``tuned`` each have their own; the table's torch
+column is the tuned window's, the JSON has both), so that the GPU's
+clock drift under sustained GEMMs (power, temperature) falls on both alike. ``host us`` is
+the host's time to enqueue one call (ours tuned, and torch's): what bounds the time per call
+of a GEMM shorter than that when Python issues GEMMs one by one. Prints one table per dtype
+and writes JSON to ``--json``. ``--full`` adds M = 16384.
 
     python -m benchmarks.gemm [--full] [--json PATH] [--candidates N] [--rounds R]
 """
@@ -29,13 +33,14 @@ import argparse
 import dataclasses
 import platform
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import format_table, write_json
+from benchmarks.common import format_table, spin_gpu, write_json
 from overlap.gemm import (
     AutotuneConfig,
     GemmProblem,
@@ -65,17 +70,24 @@ def suite(tp: int) -> list[tuple[str, int, int]]:
 
 
 def time_ms(*fns: Callable[[], object], samples: int = 20, inner: int = 5) -> list[float]:
-    """Median milliseconds per call of each of ``fns``, sampled in turn.
+    """GPU milliseconds per call of each of ``fns`` (median), sampled in turn.
 
-    A sample is the mean of ``inner`` back-to-back calls between two CUDA events. The
+    A sample is the mean of ``inner`` back-to-back calls between two CUDA events, queued
+    behind a GPU spin that outlasts the host's enqueueing of them, so that it is the GPU's time
+    alone (a GEMM of 50 us is otherwise timed by the host's launch rate; see host_us). The
     functions take turns sample by sample (in alternating order: A B, B A, ...), so that every
     one of them sees the same clocks: an H200 running GEMMs back to back slows down by up to
     ~15% over a few seconds (power and temperature), and timing one function after another
     would charge that drift to whichever came last.
     """
+    host = []
     for fn in fns:
-        for _ in range(3):
+        for i in range(3):
+            t0 = time.perf_counter()
             fn()
+            if i:
+                host.append(time.perf_counter() - t0)
+    spin_ms = 1.5 * max(host) * 1e3 * inner + 0.2
     torch.cuda.synchronize()
     times: list[list[float]] = [[] for _ in fns]
     for s in range(samples):
@@ -83,6 +95,7 @@ def time_ms(*fns: Callable[[], object], samples: int = 20, inner: int = 5) -> li
         for i in order if s % 2 == 0 else order[::-1]:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
+            spin_gpu(spin_ms)
             start.record()
             for _ in range(inner):
                 fns[i]()
@@ -90,6 +103,21 @@ def time_ms(*fns: Callable[[], object], samples: int = 20, inner: int = 5) -> li
             end.synchronize()
             times[i].append(start.elapsed_time(end) / inner)
     return [statistics.median(t) for t in times]
+
+
+def host_us(fn: Callable[[], object], calls: int = 50) -> float:
+    """Host microseconds to enqueue one call of ``fn`` (Python, argument checks, descriptor
+    set-up, launches), measured while the GPU is busy behind a spin so that the host never
+    waits for it: what bounds the time per call of GEMMs shorter than this."""
+    fn()
+    torch.cuda.synchronize()
+    spin_gpu(calls * 0.5 + 5.0)  # generous: 500 us per call
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:
@@ -173,6 +201,8 @@ def bench_case(case: Case, config: AutotuneConfig) -> dict[str, Any]:
     (tuning,) = autotune([case.problem], max_candidates=config.max_candidates, rounds=config.rounds)
     misses = gemm_cache_stats(device)["misses"]
     res[f"{p}_tuned_ms"], res[f"{p}_torch_ms"] = timed(case.ours)
+    res[f"{p}_host_us"] = host_us(case.ours)
+    res[f"{p}_torch_host_us"] = None if case.theirs is None else host_us(case.theirs)
     res[f"{p}_hit"] = gemm_cache_stats(device)["misses"] == misses
     res[f"{p}_pick"] = (
         f"{tuning.chosen}/{sum(t is not None for t in tuning.times_ms)}"
@@ -180,6 +210,7 @@ def bench_case(case: Case, config: AutotuneConfig) -> dict[str, Any]:
         else tuning.status
     )
     res[f"{p}_tuning_ms"] = list(tuning.times_ms)
+    res[f"{p}_torch_first_ms"] = torch_first  # the table's "torch ms" is the tuned window's
     res[f"{p}_first_pct"] = pct(torch_first, res[f"{p}_first_ms"])
     res[f"{p}_tuned_pct"] = pct(res[f"{p}_torch_ms"], res[f"{p}_tuned_ms"])
     return res
@@ -206,9 +237,11 @@ def table(rows: list[dict[str, Any]], p: str, versus: str) -> str:
         (f"{p}_tuned_pct", f"tuned % {versus}"),
         (f"{p}_pick", "pick"),
         (f"{p}_hit", "hit"),
+        (f"{p}_host_us", "host us"),
+        (f"{p}_torch_host_us", "torch host us"),
     ]
     if versus != "torch":
-        columns.pop(6)
+        columns = [c for c in columns if "torch" not in c[0]]
     return format_table(rows, columns)
 
 
