@@ -82,9 +82,9 @@ def _is_fp8(dtype: torch.dtype) -> bool:
     return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _scaling_name(t: torch.Tensor, mode: ScalingMode | None, name: str) -> str:
+def _scaling_name(fp8: bool, mode: ScalingMode | None, name: str) -> str:
     if mode is None:
-        return ScalingMode.TENSOR.value if _is_fp8(t.dtype) else "none"
+        return _TENSOR if fp8 else "none"
     if not isinstance(mode, ScalingMode):
         raise InvalidArgumentError(
             f"gemm: {name} must be an overlap.quantization.ScalingMode, got {mode!r}"
@@ -92,12 +92,40 @@ def _scaling_name(t: torch.Tensor, mode: ScalingMode | None, name: str) -> str:
     return mode.value
 
 
+_TENSOR = ScalingMode.TENSOR.value
+
+
+# NOTE [gemm host path]: a GEMM shorter than its host cost is launch-bound, so the per-call
+# path is kept lean. Host us per call on the 4xH200 machine's host (512^3, the GPU kept busy
+# behind a spin, median of 5 x 200 calls; scripts of session 9):
+#
+#   overlap.gemm bf16 / FP8 (before)             28.3 / 29.3
+#   overlap.gemm bf16 / FP8 (now)                16.7 / 18.6
+#   torch.mm(out=) bf16 / torch._scaled_mm FP8   12.6-13.8 / 16.9-18.0
+#
+# Of the 16.7 us: cublasLtMatmul's own launch 6.7; the rest of the C++ path ~1.2 (matmul
+# descriptor 0.1, four layouts 0.1, scratch from the stream-ordered pool 0.7, capture and
+# device queries 0.2: not worth caching); the binding's tensor conversion ~5; this wrapper ~3.
+# What was cut: torch.cuda.current_stream() (~3 us: a Stream and a device object per call;
+# torch's raw-handle getter takes 0.1), two calls with 20 keyword arguments (now positional:
+# gemm -> _gemm -> the binding, whose parameter order is this file's contract), and the output
+# view when every row of out was written.
+
+
 def _stream_handle(stream: object, a: torch.Tensor) -> int:
+    """The raw handle of the stream a CUDA GEMM is enqueued on (0 for CPU tensors).
+
+    The current stream comes from torch's raw-handle getter where the build has one: it skips
+    making a ``torch.cuda.Stream`` and a ``torch.device`` object per call (NOTE [gemm host
+    path])."""
     import torch
 
     if not a.is_cuda:
         return 0
     if stream is None:
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw(a.get_device())
         return torch.cuda.current_stream(a.device).cuda_stream
     if isinstance(stream, torch.cuda.Stream):
         return stream.cuda_stream
@@ -166,40 +194,42 @@ def gemm(
             stream.
 
     Returns:
-        The ``m`` rows of out that were written (a view of out).
+        The ``m`` rows of out that were written: a view of out, or out itself when that is all
+        of it.
 
     The first CUDA call of a new key may autotune it (slower, once; see the module docstring
     and :func:`autotune`); the output is written once, by the chosen algorithm.
     """
+    # NOTE [gemm host path]: positional all the way down (a Python call with 20 keyword
+    # arguments costs more than the cuBLASLt launch of a small GEMM).
     return _gemm(
         a,
         b,
-        transa=transa,
-        transb=transb,
-        out=out,
-        out_dtype=out_dtype,
-        row_offset=row_offset,
-        alpha=alpha,
-        beta=beta,
-        bias=bias,
-        gelu=gelu,
-        a_scale_inv=a_scale_inv,
-        b_scale_inv=b_scale_inv,
-        a_scaling=a_scaling,
-        b_scaling=b_scaling,
-        out_scale=out_scale,
-        out_amax=out_amax,
-        fast_accum=fast_accum,
-        sm_count=sm_count,
-        stream=stream,
-        tune=None,
+        transa,
+        transb,
+        out,
+        out_dtype,
+        row_offset,
+        alpha,
+        beta,
+        bias,
+        gelu,
+        a_scale_inv,
+        b_scale_inv,
+        a_scaling,
+        b_scaling,
+        out_scale,
+        out_amax,
+        fast_accum,
+        sm_count,
+        stream,
+        None,
     )[0]
 
 
-def _gemm(
+def _gemm(  # noqa: PLR0917 (positional on purpose: NOTE [gemm host path])
     a: torch.Tensor,
     b: torch.Tensor,
-    *,
     transa: bool = False,
     transb: bool = False,
     out: torch.Tensor | None = None,
@@ -218,7 +248,7 @@ def _gemm(
     fast_accum: bool | None = None,
     sm_count: int = 0,
     stream: torch.cuda.Stream | int | None = None,
-    tune: AutotuneConfig | None,
+    tune: AutotuneConfig | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any] | None]:
     """:func:`gemm`; with ``tune``, the key is tuned first (whatever the process-wide
     switch says) and the record of the tuning is returned too."""
@@ -228,7 +258,7 @@ def _gemm(
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise InvalidArgumentError(f"gemm: {name} must be a 2-D torch.Tensor, got {t!r:.80}")
     m = a.shape[1] if transa else a.shape[0]
-    n = b.shape[0] if transb else b.shape[1]
+    fp8 = _is_fp8(a.dtype)
     if out is None:
         if beta != 0.0 or row_offset != 0:
             raise InvalidArgumentError(
@@ -236,39 +266,43 @@ def _gemm(
                 "pass out="
             )
         if out_dtype is None:
-            out_dtype = torch.bfloat16 if _is_fp8(a.dtype) else a.dtype
+            out_dtype = torch.bfloat16 if fp8 else a.dtype
+        n = b.shape[0] if transb else b.shape[1]
         out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     elif out_dtype is not None and out_dtype != out.dtype:
         raise InvalidArgumentError(
             f"gemm: out_dtype={out_dtype} but out is {out.dtype}; pass one of them"
         )
-    a_mode = _scaling_name(a, a_scaling, "a_scaling")
-    b_mode = _scaling_name(b, b_scaling, "b_scaling")
+    a_mode = _scaling_name(fp8, a_scaling, "a_scaling")
+    b_mode = _scaling_name(_is_fp8(b.dtype), b_scaling, "b_scaling")
     if fast_accum is None:
-        fast_accum = a_mode == ScalingMode.TENSOR.value and b_mode == ScalingMode.TENSOR.value
+        fast_accum = a_mode == _TENSOR and b_mode == _TENSOR
+    # The core's argument order (csrc/bindings/gemm.cpp), positional: NOTE [gemm host path].
     record = native().gemm.gemm(
         a,
         b,
         out,
-        transa=transa,
-        transb=transb,
-        a_scale_inv=a_scale_inv,
-        b_scale_inv=b_scale_inv,
-        a_scaling=a_mode,
-        b_scaling=b_mode,
-        alpha=alpha,
-        beta=beta,
-        bias=bias,
-        gelu=gelu,
-        out_scale=out_scale,
-        out_amax=out_amax,
-        fast_accum=fast_accum,
-        sm_count=sm_count,
-        row_offset=row_offset,
-        stream=_stream_handle(stream, a),
-        tune_candidates=0 if tune is None else tune.max_candidates,
-        tune_rounds=0 if tune is None else tune.rounds,
+        transa,
+        transb,
+        a_scale_inv,
+        b_scale_inv,
+        a_mode,
+        b_mode,
+        alpha,
+        beta,
+        bias,
+        gelu,
+        out_scale,
+        out_amax,
+        fast_accum,
+        sm_count,
+        row_offset,
+        _stream_handle(stream, a),
+        0 if tune is None else tune.max_candidates,
+        0 if tune is None else tune.rounds,
     )
+    if row_offset == 0 and m == out.shape[0]:
+        return out, record  # all of out was written: no view to make
     return out[row_offset : row_offset + m], record
 
 
@@ -307,8 +341,9 @@ class AutotuneConfig:
     Attributes:
         enabled: tune a key on its first GEMM; False: the heuristic's first algorithm.
         max_candidates: heuristic algorithms timed per key, 1..64 (1 = no tuning).
-        rounds: timed runs of each candidate (after one warm-up run), 1..100; the median
-            decides.
+        rounds: timed samples of each candidate (after one warm-up and one calibration
+            run), 1..100, each a burst of up to 8 back-to-back runs lasting about 0.2 ms; the
+            median decides.
     """
 
     enabled: bool = True

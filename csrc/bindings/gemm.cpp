@@ -1,5 +1,6 @@
 // GEMM entry points (overlap._C.gemm). The Python wrapper (overlap/gemm.py) allocates the
-// output and picks the stream; the core validates everything.
+// output and picks the stream; the core validates everything. The wrapper passes gemm()'s
+// arguments positionally, in this order (NOTE [gemm host path] in overlap/gemm.py).
 #include <pybind11/pybind11.h>
 
 #include <string>
@@ -108,7 +109,7 @@ void register_gemm(py::module_& m) {
         r["note"] = record.note;
         return std::move(r);
       },
-      py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(), py::arg("transa") = false,
+      py::arg("a"), py::arg("b"), py::arg("out"), py::arg("transa") = false,
       py::arg("transb") = false, py::arg("a_scale_inv") = py::none(),
       py::arg("b_scale_inv") = py::none(), py::arg("a_scaling") = "none",
       py::arg("b_scaling") = "none", py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,

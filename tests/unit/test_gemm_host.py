@@ -95,6 +95,20 @@ def test_row_offset_into_poisoned_buffer_with_wide_rows() -> None:
     assert big[:8].isnan().all() and big[8 + M :].isnan().all() and big[:, N:].isnan().all()
 
 
+def test_returns_out_itself_when_every_row_is_written() -> None:
+    """No view is made when the GEMM fills all of out (NOTE [gemm host path]); the result is
+    the same as with a fresh output, and row_offset 0 of a taller out is still a view."""
+    a = randn(M, K, dtype=torch.bfloat16, seed=3)
+    b = randn(N, K, dtype=torch.bfloat16, seed=4)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    assert gemm(a, b, transb=True, out=out) is out
+    assert torch.equal(out, gemm(a, b, transb=True))
+    taller = torch.full((M + 3, N), float("nan"), dtype=torch.bfloat16)
+    y = gemm(a, b, transb=True, out=taller)
+    assert y is not taller and y.shape == (M, N) and y.data_ptr() == taller.data_ptr()
+    assert torch.equal(y, out) and taller[M:].isnan().all()
+
+
 @pytest.mark.parametrize(
     "fa, fb",
     [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)],
