@@ -2,6 +2,7 @@
 #include "gemm/cuda/autotune.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 
 #include "common/cuda/cuda_check.h"
@@ -16,6 +17,10 @@ namespace {
 // covers the enqueue of every timed run, up to kMaxHoldNs.
 constexpr std::uint64_t kHoldPerLaunchNs = 20'000;
 constexpr std::uint64_t kMaxHoldNs = 20'000'000;
+// A timed sample is a burst of back-to-back launches of one candidate lasting about this long
+// (at most kMaxBurst launches).
+constexpr double kBurstTargetMs = 0.2;
+constexpr int kMaxBurst = 8;
 
 // RAII owner of timing events (destroyed after the synchronisation that reads them).
 class TimingEvents {
@@ -86,32 +91,46 @@ std::vector<double> time_candidates(int count, int rounds, cudaStream_t stream,
     OVERLAP_CHECK_CUDA(cudaStreamSynchronize(stream));
     return result;
   }
-  const std::size_t launches = alive.size() * static_cast<std::size_t>(rounds);
-  hold_stream(stream, std::min<std::uint64_t>(kHoldPerLaunchNs * launches, kMaxHoldNs));
-  TimingEvents events(launches + 1);
-  std::vector<int> who;  // candidate of each timed run, -1 when its launch failed
-  who.reserve(launches);
-  OVERLAP_CHECK_CUDA(cudaEventRecord(events[0], stream));
-  for (int r = 0; r < rounds; ++r) {
-    for (int i : alive) {
-      who.push_back(launch(i) ? i : -1);
-      OVERLAP_CHECK_CUDA(cudaEventRecord(events[who.size()], stream));
-    }
-  }
-  OVERLAP_CHECK_CUDA(cudaEventSynchronize(events[launches]));
-
-  std::vector<std::vector<double>> samples(static_cast<std::size_t>(count));
   std::vector<bool> failed(static_cast<std::size_t>(count), false);
-  for (std::size_t s = 0; s < launches; ++s) {
-    if (who[s] < 0) {
-      // Which candidate failed: the s-th run in round-robin order.
-      failed[static_cast<std::size_t>(alive[s % alive.size()])] = true;
-      continue;
+  // One timed pass of `passes` round-robin rounds, each candidate's sample `burst` launches
+  // back to back between two events; returns the per-launch ms of every sample.
+  const auto timed = [&](int passes, int burst) {
+    const std::size_t samples = alive.size() * static_cast<std::size_t>(passes);
+    const std::size_t launches = samples * static_cast<std::size_t>(burst);
+    hold_stream(stream, std::min<std::uint64_t>(kHoldPerLaunchNs * launches, kMaxHoldNs));
+    TimingEvents events(samples + 1);
+    OVERLAP_CHECK_CUDA(cudaEventRecord(events[0], stream));
+    for (std::size_t s = 0; s < samples; ++s) {
+      const int i = alive[s % alive.size()];
+      for (int b = 0; b < burst; ++b) {
+        if (!launch(i)) failed[static_cast<std::size_t>(i)] = true;
+      }
+      OVERLAP_CHECK_CUDA(cudaEventRecord(events[s + 1], stream));
     }
-    float ms = 0.0f;
-    OVERLAP_CHECK_CUDA(cudaEventElapsedTime(&ms, events[s], events[s + 1]));
-    samples[static_cast<std::size_t>(who[s])].push_back(ms);
+    OVERLAP_CHECK_CUDA(cudaEventSynchronize(events[samples]));
+    std::vector<std::vector<double>> ms(static_cast<std::size_t>(count));
+    for (std::size_t s = 0; s < samples; ++s) {
+      float t = 0.0f;
+      OVERLAP_CHECK_CUDA(cudaEventElapsedTime(&t, events[s], events[s + 1]));
+      ms[static_cast<std::size_t>(alive[s % alive.size()])].push_back(static_cast<double>(t) /
+                                                                      burst);
+    }
+    return ms;
+  };
+  // Calibration: one launch each sets the burst (NOTE [gemm autotune]: bursts of about
+  // kBurstTargetMs, so that a short kernel is timed back to back, as the chunk GEMMs of an op
+  // run).
+  const std::vector<std::vector<double>> once = timed(1, 1);
+  double shortest = 0.0;
+  for (int i : alive) {
+    const auto& t = once[static_cast<std::size_t>(i)];
+    if (!t.empty() && t[0] > 0.0 && (shortest == 0.0 || t[0] < shortest)) shortest = t[0];
   }
+  const int burst = shortest <= 0.0
+                        ? kMaxBurst
+                        : static_cast<int>(std::clamp(std::ceil(kBurstTargetMs / shortest), 1.0,
+                                                      static_cast<double>(kMaxBurst)));
+  const std::vector<std::vector<double>> samples = timed(rounds, burst);
   for (int i : alive) {
     const auto u = static_cast<std::size_t>(i);
     // A candidate that failed once is not trusted: it is dropped like one that never ran.

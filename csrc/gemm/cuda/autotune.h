@@ -27,7 +27,12 @@
 //     clocks and neighbours); a candidate replaces the best so far only when faster by more
 //     than kTieTolerance, so near-ties go to the heuristic's order (fewer run-to-run changes).
 //     A hold kernel keeps the stream busy while the host enqueues the timed passes, so that
-//     small GEMMs are timed by the GPU, not by the host's launch rate.
+//     small GEMMs are timed by the GPU, not by the host's launch rate. Each sample is a burst
+//     of back-to-back launches of one candidate (a calibration pass of single launches sets
+//     the burst so that a sample lasts ~0.2 ms, at most 8 launches): short kernels rank
+//     differently alone between other candidates' kernels than back to back, which is how the
+//     chunk GEMMs of an op and a training step's repeated GEMMs run (with single launches, a
+//     56-us FP8 chunk GEMM's pick won by 1-2% in the tuner and lost by 1% in steady state).
 //   - CUDA graphs: never tune while the caller's stream is capturing (the synchronisation
 //     would fail and invalidate the capture): the heuristic's first is used and cached
 //     unsettled, to be tuned by the next eager call. Tuning itself switches the thread to the
@@ -71,10 +76,11 @@ class RelaxedCaptureMode {
 // Keeps `stream` busy for about `ns` nanoseconds (one thread sleeping on the global timer).
 void hold_stream(cudaStream_t stream, std::uint64_t ns);
 
-// Times candidates 0..count-1 on `stream`: one warm-up launch each, then `rounds` round-robin
-// passes, each launch between two events. launch(i) enqueues candidate i and returns false if
-// it could not be launched (the candidate is dropped). Synchronises `stream`. Returns the
-// median milliseconds of each candidate, -1 for the dropped ones.
+// Times candidates 0..count-1 on `stream`: one warm-up launch each, one calibration pass of
+// single launches, then `rounds` round-robin passes of bursts (NOTE [gemm autotune]), each
+// burst between two events. launch(i) enqueues candidate i and returns false if it could not
+// be launched (the candidate is dropped). Synchronises `stream`. Returns the median
+// milliseconds per launch of each candidate, -1 for the dropped ones.
 std::vector<double> time_candidates(int count, int rounds, cudaStream_t stream,
                                     const std::function<bool(int)>& launch);
 
