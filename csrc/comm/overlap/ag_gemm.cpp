@@ -200,6 +200,13 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // ~25-40 us longer than pushing the same bytes in bf16 (measured with a 16-column weight).
   // Handing the scale_inv and the shard to the copy engines in one cudaMemcpyBatchAsync did
   // not help either (qkv fp8 TP4 0.305 -> 0.304 ms, te4096 fp8 TP4 0.222 -> 0.218: noise).
+  // Nor did torch async-TP's schedule, PULLS: each rank copies its shard into its own slot and
+  // announces it once to every peer (begin_op then waiting for all acknowledgements, as peers
+  // read our region), each peer pulls it on its own copy lanes and runs the chunk's GEMM after
+  // the pull by an event edge, no flag per chunk. Slower than the best push variant on all 24
+  // AG rows of the suite (one lane or one per peer, 1-2 compute lanes; ms): qkv fp8 TP4 0.304
+  // -> 0.373, te4096 fp8 TP4 0.223 -> 0.272, qkv bf16 TP2 0.980 -> 1.145, fc1 bf16 TP4 M 8192
+  // 2.819 -> 2.896.
   const bool serial = config.staggered_puts;
   const int put_lanes = serial ? split : std::max(1, (n - 1) * split);
   const int own_lane = lanes_c + put_lanes;
