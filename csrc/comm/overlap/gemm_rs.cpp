@@ -147,9 +147,9 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 // cuBLASLt's epilogue stores to peer memory are slow. Nor the reverse: the reduction reading
 // the last-arriving peer's send slot in place over NVLink (SM loads through the reduce
 // kernel's peer inputs) instead of pulling it first, so that the last transfer runs inside
-// the reduction rather than before it: slower on 23 of 24 rows of the suite (best of two
+// the reduction rather than before it: slower on 22 of 24 rows of the suite (best of two
 // lanes: proj TP 2 FP8 0.436 -> 0.584 ms, proj TP 4 bf16 0.464 -> 0.494, fc2 TP 4 FP8 0.737
-// -> 0.794; one row faster, proj TP 4 FP8 M 8192: 0.410 -> 0.390), and reading all three
+// -> 0.794; proj TP 4 FP8: M 8192 0.410 -> 0.390, M 16384 a tie), and reading all three
 // peers in place slower still (proj TP 4 bf16 0.71 ms): the kernel's NVLink loads move a
 // peer's partial sums at well under the copy engines' ~340 GB/s.
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
