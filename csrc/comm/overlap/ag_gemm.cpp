@@ -141,6 +141,24 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // after we acknowledged this op, i.e. after our previous op's GEMMs (joined into c0 before
 // begin_op) finished reading them (NOTE [buffer reuse]).
 //
+// NOTE [ag_gemm vs torch]: where torch's async-TP is faster (qkv FP8 TP4 M 8192: 0.275 ms
+// against our 0.309-0.316), CUPTI timelines of three back-to-back ops on rank 2 show (us):
+//   torch: barrier kernel, the 16 MB shard copied into its symmetric buffer (9, alone),
+//     barrier, then the four chunk GEMMs on two streams (57-64 each, consecutive ones
+//     overlapping by ~5), each of the three 16 MB pulls (48-49 each, ~340 GB/s) hidden under
+//     one GEMM, and ~45 between ops (barriers; the gathered copy-out under the last GEMM):
+//     12 GEMMs in 803;
+//   ours: the same GEMMs (57 median) but pushes of 16 MB taking 56-82 (one 136) and bubbles of
+//     4-228 between chunk GEMMs, a peer's chunk landing late: 12 GEMMs in 1147. (bf16: torch's
+//     32 MB pulls 92-95, our pushes 88-244.)
+// So the gap is the copy engines' push rate beside a GEMM, below their pull rate, and ranks
+// drifting out of phase (each op's first push waits for that peer's acknowledgement), which
+// torch's up-front barrier prevents. Not the cause: the own slot's copy beside the pushes
+// (moved after them: 24-row A/B median ratio 1.001, +-2.6%), nor the FP8 scale_inv copies
+// (above, in the op). Our pull variant (in the op, measured slower) differed from torch's in
+// the order: its own copy ran beside the first GEMM (31 us instead of 9) and each pull waited
+// for a flag, not a barrier.
+//
 // Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
 // landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
 // own output. GEMM q = s W + w (step s, weight w of W) runs on compute lane q % C, which waits
@@ -196,8 +214,10 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // all-gather, NOTE [announcement lane] in collectives.cpp) made this op slower on 4xH200
   // (qkv fp8 TP4: 0.31 -> 0.35 ms), its event edges waiting behind the chunk GEMMs; so did
   // moving the FP8 scale_inv's tiny copies to the own lane with one event edge per put lane
-  // (0.31 -> 0.34 ms), although they are the likely reason why pushing an FP8 shard takes
-  // ~25-40 us longer than pushing the same bytes in bf16 (measured with a 16-column weight).
+  // (0.31 -> 0.34 ms). They are not what makes the FP8 rows at TP 4 slow: skipping them
+  // altogether (a dev-only A/B that left the peers' scale slots stale) gained 2% (qkv fp8 TP4 0.316
+  // -> 0.309 ms, M 16384 0.550 -> 0.536, other rows noise); writing them with a one-block SM copy
+  // instead was much slower (0.315 -> 0.368, two runs: the kernel waits for SMs the GEMMs hold).
   // Handing the scale_inv and the shard to the copy engines in one cudaMemcpyBatchAsync did
   // not help either (qkv fp8 TP4 0.305 -> 0.304 ms, te4096 fp8 TP4 0.222 -> 0.218: noise).
   // Nor did torch async-TP's schedule, PULLS: each rank copies its shard into its own slot and
