@@ -155,9 +155,16 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // drifting out of phase (each op's first push waits for that peer's acknowledgement), which
 // torch's up-front barrier prevents. Not the cause: the own slot's copy beside the pushes
 // (moved after them: 24-row A/B median ratio 1.001, +-2.6%), nor the FP8 scale_inv copies
-// (above, in the op). Our pull variant (in the op, measured slower) differed from torch's in
-// the order: its own copy ran beside the first GEMM (31 us instead of 9) and each pull waited
-// for a flag, not a barrier.
+// (above, in the op). Nor the order alone: pulls in torch's order (begin_op's wait for every
+// acknowledgement as the barrier, the shard's copy into our slot alone on c0, one
+// announcement to every peer, then step s's pull from rank r+s and its chunk's GEMM on
+// compute lane s % 2) passed the correctness tests and came closer than the first pull
+// variant (in the op) but stayed behind the pushes on all 12 TP4 rows (ms, push / pull /
+// torch): qkv FP8 0.320 / 0.337 / 0.275, te4096 FP8 0.219 / 0.248 / 0.217, qkv bf16 0.478 /
+// 0.498 / 0.483, fc1 bf16 M 8192 2.737 / 2.880 / 2.742. What remains different is the
+// latency of the handshakes: torch's barrier is an SM kernel on device-memory signal pads (3-4
+// us, run between GEMMs), ours are stream memory operations on host-memory flags (13-15 us a
+// hop, NOTE [cuda transport design]), and an op waits on them at least once per peer.
 //
 // Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
 // landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
