@@ -82,6 +82,9 @@ def _is_fp8(dtype: torch.dtype) -> bool:
     return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+_TENSOR = ScalingMode.TENSOR.value
+
+
 def _scaling_name(fp8: bool, mode: ScalingMode | None, name: str) -> str:
     if mode is None:
         return _TENSOR if fp8 else "none"
@@ -92,12 +95,9 @@ def _scaling_name(fp8: bool, mode: ScalingMode | None, name: str) -> str:
     return mode.value
 
 
-_TENSOR = ScalingMode.TENSOR.value
-
-
 # NOTE [gemm host path]: a GEMM shorter than its host cost is launch-bound, so the per-call
 # path is kept lean. Host us per call on the 4xH200 machine's host (512^3, the GPU kept busy
-# behind a spin, median of 5 x 200 calls; scripts of session 9):
+# behind a spin, median of 5 x 200 calls; a dev probe run on builds before and after):
 #
 #   overlap.gemm bf16 / FP8 (before)             28.3 / 29.3
 #   overlap.gemm bf16 / FP8 (now)                16.7 / 18.6
