@@ -20,8 +20,9 @@ GPU). Ours and torch's take turns sample by sample, and each % compares ours wit
 samples of the same window (``first`` and ``tuned`` each have their own; the table's torch
 column is the tuned window's, the JSON has both), so that the GPU's
 clock drift under sustained GEMMs (power, temperature) falls on both alike. ``host us`` is
-the host's time to enqueue one call (ours tuned, and torch's): what bounds the time per call
-of a GEMM shorter than that when Python issues GEMMs one by one. Prints one table per dtype
+the host's time to enqueue one call (ours tuned, and torch's; medians of five samples of 50
+calls, taken in turn): what bounds the time per call of a GEMM shorter than that when Python
+issues GEMMs one by one. Prints one table per dtype
 and writes JSON to ``--json``. ``--full`` adds M = 16384.
 
     python -m benchmarks.gemm [--full] [--json PATH] [--candidates N] [--rounds R]
@@ -105,19 +106,28 @@ def time_ms(*fns: Callable[[], object], samples: int = 20, inner: int = 5) -> li
     return [statistics.median(t) for t in times]
 
 
-def host_us(fn: Callable[[], object], calls: int = 50) -> float:
-    """Host microseconds to enqueue one call of ``fn`` (Python, argument checks, descriptor
-    set-up, launches), measured while the GPU is busy behind a spin so that the host never
-    waits for it: what bounds the time per call of GEMMs shorter than this."""
-    fn()
-    torch.cuda.synchronize()
-    spin_gpu(calls * 0.5 + 5.0)  # generous: 500 us per call
-    t0 = time.perf_counter()
-    for _ in range(calls):
+def host_us(*fns: Callable[[], object], calls: int = 50, reps: int = 5) -> list[float]:
+    """Host microseconds to enqueue one call of each of ``fns`` (Python, argument checks,
+    descriptor set-up, launches): what bounds the time per call of GEMMs shorter than this.
+
+    A sample is ``calls`` calls enqueued while the GPU is busy behind a spin (so the host never
+    waits for it); the functions take turns, ``reps`` samples each in alternating order (A B,
+    B A, ...), and the median of each is kept (a single sample ranged 14-42 us on calls that
+    take ~18)."""
+    for fn in fns:
         fn()
-    elapsed = time.perf_counter() - t0
     torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    samples: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for rep in range(reps):
+        for i in order if rep % 2 == 0 else order[::-1]:
+            spin_gpu(calls * 0.2 + 5.0)  # generous: 200 us per call
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fns[i]()
+            samples[i].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return [statistics.median(s) for s in samples]
 
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:
@@ -201,8 +211,11 @@ def bench_case(case: Case, config: AutotuneConfig) -> dict[str, Any]:
     (tuning,) = autotune([case.problem], max_candidates=config.max_candidates, rounds=config.rounds)
     misses = gemm_cache_stats(device)["misses"]
     res[f"{p}_tuned_ms"], res[f"{p}_torch_ms"] = timed(case.ours)
-    res[f"{p}_host_us"] = host_us(case.ours)
-    res[f"{p}_torch_host_us"] = None if case.theirs is None else host_us(case.theirs)
+    if case.theirs is None:
+        (res[f"{p}_host_us"],) = host_us(case.ours)
+        res[f"{p}_torch_host_us"] = None
+    else:
+        res[f"{p}_host_us"], res[f"{p}_torch_host_us"] = host_us(case.ours, case.theirs)
     res[f"{p}_hit"] = gemm_cache_stats(device)["misses"] == misses
     res[f"{p}_pick"] = (
         f"{tuning.chosen}/{sum(t is not None for t in tuning.times_ms)}"

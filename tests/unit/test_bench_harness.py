@@ -245,6 +245,36 @@ def test_timing_passes_alternate_the_order_and_keep_the_median() -> None:
     assert order == ["gemm", "comm", "ours", "ours", "comm", "gemm", "gemm", "comm", "ours"]
 
 
+def test_gemm_host_time_takes_turns_and_keeps_the_median(monkeypatch) -> None:
+    """benchmarks.gemm.host_us: samples of each function in alternating order (A B, B A, ...),
+    the GPU kept busy before each (stubbed here), the median per call of each function."""
+    from benchmarks import gemm as gemm_bench
+
+    events: list[str] = []
+    monkeypatch.setattr(gemm_bench, "spin_gpu", lambda ms: events.append("spin"))
+    monkeypatch.setattr(gemm_bench.torch.cuda, "synchronize", lambda: events.append("sync"))
+    now = [0.0]
+    monkeypatch.setattr(gemm_bench.time, "perf_counter", lambda: now[0])
+    cost = {"a": [1e-6, 9e-6, 2e-6], "b": [5e-6, 5e-6, 7e-6]}  # seconds per call, by sample
+
+    def fn(name: str):
+        seen = iter(range(10**6))
+
+        def call() -> None:
+            k = next(seen)
+            events.append(name)
+            if k > 0:  # the warm-up call is not timed
+                now[0] += cost[name][(k - 1) // 4]
+
+        return call
+
+    a_us, b_us = gemm_bench.host_us(fn("a"), fn("b"), calls=4, reps=3)
+    assert (a_us, b_us) == pytest.approx((2.0, 5.0))  # medians of (1, 9, 2) and (5, 5, 7)
+    runs = [e for e in events if e in ("a", "b")][2:]  # after one warm-up call each
+    assert runs == ["a"] * 4 + ["b"] * 4 + ["b"] * 4 + ["a"] * 4 + ["a"] * 4 + ["b"] * 4
+    assert events.count("spin") == 6 and events[2] == "sync"
+
+
 def test_registry_names_selection_and_a_new_method() -> None:
     names = {v.full_name for v in methods.registered()}
     assert "ag_gemm:pipeline/lanes2-split1-staggered" in names
