@@ -27,6 +27,31 @@ def spin_gpu(ms: float) -> None:
     torch.cuda._sleep(int(ms * _SPIN_CYCLES_PER_MS))
 
 
+def time_in_passes(
+    calls: dict[str, Callable[[], object]],
+    timer: Callable[[Callable[[], object]], float],
+    passes: int,
+    samples: dict[str, list[float]] | None = None,
+) -> dict[str, float]:
+    """``timer(call)`` of every call, the median over ``passes`` passes (NOTE [timing passes]);
+    each pass's times in ``samples`` (by call name), when given.
+
+    NOTE [timing passes]: what a benchmark compares (an overlap row's T_gemm, T_comm, T_seq,
+    every variant and torch's op; ours and torch's GEMM) is timed one after another, and an
+    H200 running GEMMs back to back slows down by up to ~15% within seconds (power and
+    temperature; benchmarks/gemm.py measured it), which would charge the drift to whatever is
+    timed last. So every call is timed once per pass, odd passes in reverse order (A B, B A,
+    ...): with two passes, a drift that is linear in time falls on every call alike.
+    """
+    names = list(calls)
+    samples = {} if samples is None else samples
+    samples.update({name: [] for name in names})
+    for p in range(passes):
+        for name in names if p % 2 == 0 else names[::-1]:
+            samples[name].append(timer(calls[name]))
+    return {name: statistics.median(samples[name]) for name in names}
+
+
 def time_op(
     fn: Callable[[], object],
     *,

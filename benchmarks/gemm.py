@@ -33,15 +33,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import platform
-import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import format_table, spin_gpu, write_json
+from benchmarks.common import format_table, spin_gpu, time_in_passes, write_json
 from overlap.gemm import (
     AutotuneConfig,
     GemmProblem,
@@ -76,10 +75,10 @@ def time_ms(*fns: Callable[[], object], samples: int = 20, inner: int = 5) -> li
     A sample is the mean of ``inner`` back-to-back calls between two CUDA events, queued
     behind a GPU spin that outlasts the host's enqueueing of them, so that it is the GPU's time
     alone (a GEMM of 50 us is otherwise timed by the host's launch rate; see host_us). The
-    functions take turns sample by sample (in alternating order: A B, B A, ...), so that every
-    one of them sees the same clocks: an H200 running GEMMs back to back slows down by up to
-    ~15% over a few seconds (power and temperature), and timing one function after another
-    would charge that drift to whichever came last.
+    functions take turns sample by sample (NOTE [timing passes] in benchmarks/common.py: A B,
+    B A, ...), so that every one of them sees the same clocks: an H200 running GEMMs back to
+    back slows down by up to ~15% over a few seconds (power and temperature), and timing one
+    function after another would charge that drift to whichever came last.
     """
     host = []
     for fn in fns:
@@ -90,20 +89,19 @@ def time_ms(*fns: Callable[[], object], samples: int = 20, inner: int = 5) -> li
                 host.append(time.perf_counter() - t0)
     spin_ms = 1.5 * max(host) * 1e3 * inner + 0.2
     torch.cuda.synchronize()
-    times: list[list[float]] = [[] for _ in fns]
-    for s in range(samples):
-        order = list(range(len(fns)))
-        for i in order if s % 2 == 0 else order[::-1]:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            spin_gpu(spin_ms)
-            start.record()
-            for _ in range(inner):
-                fns[i]()
-            end.record()
-            end.synchronize()
-            times[i].append(start.elapsed_time(end) / inner)
-    return [statistics.median(t) for t in times]
+
+    def sample(fn: Callable[[], object]) -> float:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        spin_gpu(spin_ms)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / inner
+
+    return _in_turn(fns, sample, samples)
 
 
 def host_us(*fns: Callable[[], object], calls: int = 50, reps: int = 5) -> list[float]:
@@ -111,23 +109,31 @@ def host_us(*fns: Callable[[], object], calls: int = 50, reps: int = 5) -> list[
     descriptor set-up, launches): what bounds the time per call of GEMMs shorter than this.
 
     A sample is ``calls`` calls enqueued while the GPU is busy behind a spin (so the host never
-    waits for it); the functions take turns, ``reps`` samples each in alternating order (A B,
-    B A, ...), and the median of each is kept (a single sample ranged 14-42 us on calls that
-    take ~18)."""
+    waits for it); the functions take turns, ``reps`` samples each (NOTE [timing passes] in
+    benchmarks/common.py), and the median of each is kept (a single sample ranged 14-42 us on
+    calls that take ~18)."""
     for fn in fns:
         fn()
     torch.cuda.synchronize()
-    samples: list[list[float]] = [[] for _ in fns]
-    order = list(range(len(fns)))
-    for rep in range(reps):
-        for i in order if rep % 2 == 0 else order[::-1]:
-            spin_gpu(calls * 0.2 + 5.0)  # generous: 200 us per call
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fns[i]()
-            samples[i].append((time.perf_counter() - t0) / calls * 1e6)
-            torch.cuda.synchronize()
-    return [statistics.median(s) for s in samples]
+
+    def sample(fn: Callable[[], object]) -> float:
+        spin_gpu(calls * 0.2 + 5.0)  # generous: 200 us per call
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        us = (time.perf_counter() - t0) / calls * 1e6
+        torch.cuda.synchronize()
+        return us
+
+    return _in_turn(fns, sample, reps)
+
+
+def _in_turn(
+    fns: Sequence[Callable[[], object]], sample: Callable[[Callable[[], object]], float], n: int
+) -> list[float]:
+    """The median of ``n`` samples of each function, taken in turn (time_in_passes)."""
+    medians = time_in_passes({str(i): fn for i, fn in enumerate(fns)}, sample, n)
+    return [medians[str(i)] for i in range(len(fns))]
 
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:

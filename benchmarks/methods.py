@@ -3,7 +3,7 @@
 A *variant* is a named builder plus its keyword arguments. For each row of the suite, every
 registered variant of the row's op that applies to it is built (collectively, on every rank
 of the TP group), then all of them are timed in turn, in passes (NOTE [timing passes] in
-overlap_ops.py), then released; the JSON keeps the time of every variant and the table shows
+common.py), then released; the JSON keeps the time of every variant and the table shows
 the best one with its name (``method/kwargs``, e.g. ``pipeline/lanes2-split1``).
 
 A builder gets a :class:`Case` (this rank's operands and the TP group's communicator) and its

@@ -96,6 +96,7 @@ from benchmarks.common import (
     format_table,
     max_over_ranks,
     plot_times,
+    time_in_passes,
     time_op,
     timing_protocol,
     write_json,
@@ -410,30 +411,6 @@ def build_variants(
             continue
         calls[v.name] = run
     return calls, errors
-
-
-def time_in_passes(
-    calls: dict[str, Callable[[], object]],
-    timer: Callable[[Callable[[], object]], float],
-    passes: int,
-    samples: dict[str, list[float]] | None = None,
-) -> dict[str, float]:
-    """Milliseconds of every call: the median over ``passes`` passes (NOTE [timing passes]);
-    each pass's times in ``samples`` (by call name), when given.
-
-    NOTE [timing passes]: a row's quantities (T_gemm, T_comm, T_seq, every variant, torch) are
-    timed one after another, and an H200 running GEMMs back to back slows down by up to ~15%
-    within seconds (power and temperature; benchmarks/gemm.py measured it), which would charge
-    the drift to whatever is timed last. So every call is timed once per pass, odd passes in
-    reverse order: with two passes, a drift that is linear in time falls on every call alike.
-    """
-    names = list(calls)
-    samples = {} if samples is None else samples
-    samples.update({name: [] for name in names})
-    for p in range(passes):
-        for name in names if p % 2 == 0 else names[::-1]:
-            samples[name].append(timer(calls[name]))
-    return {name: statistics.median(samples[name]) for name in names}
 
 
 @dataclass(frozen=True)
@@ -912,7 +889,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "passes": args.passes,
             "passes_note": "every time of a row is the median over this many passes, each "
             "timing all of the row's calls once, odd passes in reverse order (NOTE [timing "
-            "passes] in benchmarks/overlap_ops.py)",
+            "passes] in benchmarks/common.py)",
         },
         "tp_layout": "TP groups of contiguous ranks; with TP < world size all groups run each "
         "op at the same time and times are the max over all ranks (NOTE [TP below the world "
