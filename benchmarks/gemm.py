@@ -200,28 +200,25 @@ def bench_case(case: Case, config: AutotuneConfig) -> dict[str, Any]:
     res: dict[str, Any] = {}
     device = torch.cuda.current_device()
 
-    def timed(ours: Callable[[], object]) -> tuple[float, float | None]:
+    def in_turn(measure: Callable[..., list[float]]) -> tuple[float, float | None]:
+        """(ours, torch's or None) by ``measure`` (time_ms or host_us), taken in turn."""
         if case.theirs is None:
-            return time_ms(ours)[0], None
-        mine, theirs = time_ms(ours, case.theirs)
+            return measure(case.ours)[0], None
+        mine, theirs = measure(case.ours, case.theirs)
         return mine, theirs
 
     clear_gemm_cache()
     previous = set_autotune_config(dataclasses.replace(config, enabled=False))
     try:
-        res[f"{p}_first_ms"], torch_first = timed(case.ours)
+        res[f"{p}_first_ms"], torch_first = in_turn(time_ms)
     finally:
         set_autotune_config(previous)
 
     clear_gemm_cache()
     (tuning,) = autotune([case.problem], max_candidates=config.max_candidates, rounds=config.rounds)
     misses = gemm_cache_stats(device)["misses"]
-    res[f"{p}_tuned_ms"], res[f"{p}_torch_ms"] = timed(case.ours)
-    if case.theirs is None:
-        (res[f"{p}_host_us"],) = host_us(case.ours)
-        res[f"{p}_torch_host_us"] = None
-    else:
-        res[f"{p}_host_us"], res[f"{p}_torch_host_us"] = host_us(case.ours, case.theirs)
+    res[f"{p}_tuned_ms"], res[f"{p}_torch_ms"] = in_turn(time_ms)
+    res[f"{p}_host_us"], res[f"{p}_torch_host_us"] = in_turn(host_us)
     res[f"{p}_hit"] = gemm_cache_stats(device)["misses"] == misses
     res[f"{p}_pick"] = (
         f"{tuning.chosen}/{sum(t is not None for t in tuning.times_ms)}"
