@@ -137,6 +137,10 @@ class Transport {
   // comm/cuda/graph_log.h). A no-op on the host transport.
   virtual void note_op(SymmetricBuffer& /*buf*/, std::uint64_t /*epoch*/, cudaStream_t /*stream*/) {
   }
+  // Called by begin_op once the op's acknowledgements are signalled on `stream`: the cuda
+  // transport writes the op's watchdog marker there, which every wait of the op shares (NOTE
+  // [one marker per op] in comm/cuda/watchdog.h). A no-op on the host transport.
+  virtual void op_begun(cudaStream_t /*stream*/) {}
   // Make the host wait for everything issued on `stream`, then raise_if_failed().
   virtual void synchronize(cudaStream_t stream) = 0;
   // Raises the first asynchronous failure (a cuda wait that timed out) this transport has

@@ -49,6 +49,13 @@ def test_cuda_collectives(scenario: str, nprocs: int) -> None:
 
 
 @pytest.mark.mpi
+def test_cuda_queued_work_is_not_a_timeout() -> None:
+    """GPU work queued ahead of an op does not count against the op's deadline."""
+    _require_gpus(2)
+    run_workers("collectives_worker.py", 2, ["queued", "2", "cuda"])
+
+
+@pytest.mark.mpi
 def test_cuda_collectives_in_two_tp_groups() -> None:
     _require_gpus(4)
     run_workers("collectives_worker.py", 4, ["correctness", "2", "cuda"])

@@ -16,8 +16,12 @@
 //   trip between two GPUs takes 13-15 us and an all-to-all barrier of four 14 us whether the
 //   flags live in pinned host memory or in the waiter's device memory (written by the peer
 //   over NVLink); a marker write before each wait adds about 7 us to the four-GPU barrier. So
-//   moving the flags into device memory would not make ops faster; taking waits off the
-//   critical path does (NOTE [deferred acknowledgements] in op_protocol.h).
+//   moving the flags into device memory would not make ops faster; taking waits and marker
+//   writes off the critical path does (NOTE [deferred acknowledgements] in op_protocol.h,
+//   NOTE [one marker per op] in watchdog.h). A one-warp kernel polling the flag instead of
+//   cuStreamWaitValue64 cut a two-GPU ping-pong from 14.8 to 8.1 us (2026-11-22), but it
+//   needs an SM, which the chunk GEMMs hold (NOTE in ag_gemm.cpp on an SM copy there), and
+//   the all-gather is to use none; not used.
 // - No multicast objects, no multimem instructions, ever (DESIGN.md invariant 6).
 //
 // Graph capture: ops may be captured into a CUDA graph through a GraphLog, which makes every
@@ -193,20 +197,13 @@ class CudaTransport final : public Transport {
     } else {
       // Already satisfied (the peer is ahead): nothing to enqueue. Flags only grow.
       if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
-      // NOTE [one marker per lane and op]: a later wait of the lane in the same op shares the
-      // marker of the lane's first wait.
+      // NOTE [one marker per op]: reached when the op's marker (op_begun) is written.
       std::lock_guard<std::mutex> lock(marks_mu_);
-      const auto op = op_serial_.find(stream);
-      LaneMark& mark = lane_marks_[s];
-      write_marker = op == op_serial_.end() || mark.op_serial != op->second;
-      ticket = watchdog_->arm(flag, value, ctx, write_marker ? nullptr : &mark.ticket);
-      if (write_marker) mark = LaneMark{op != op_serial_.end() ? op->second : 0, ticket};
+      const auto mark = op_marks_.find(stream);
+      write_marker = mark == op_marks_.end();
+      ticket = watchdog_->arm(flag, value, ctx, write_marker ? nullptr : &mark->second);
     }
-    if (write_marker) {
-      // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do, but the v2 memop API rejects it.)
-      OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(s, device_ptr(ticket.marker), ticket.seq,
-                                                     CU_STREAM_WRITE_VALUE_DEFAULT));
-    }
+    if (write_marker) write_marker_value(s, ticket);
     OVERLAP_CHECK_CU(
         driver().cuStreamWaitValue64(s, device_ptr(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
   }
@@ -253,8 +250,21 @@ class CudaTransport final : public Transport {
     if (std::shared_ptr<cuda::GraphLog> log = cuda::graph_log_for(stream)) {
       log->note_op(buf.shared_from_this(), epoch);
     }
+  }
+
+  // NOTE [one marker per op] (watchdog.h): the op's marker, which its waits share, written
+  // beside the caller's stream (off its critical path). Captured ops keep a placeholder
+  // marker per wait instead (the graph log re-arms them).
+  void op_begun(cudaStream_t stream) override {
     std::lock_guard<std::mutex> lock(marks_mu_);
-    op_serial_[stream] = ++last_op_serial_;  // a new op: its lanes write fresh markers
+    if (is_capturing(stream)) {
+      op_marks_.erase(stream);
+      return;
+    }
+    const cuda::Watchdog::Ticket ticket = watchdog_->reserve();
+    DeviceGuard guard(device_);
+    write_marker_value(lanes_.beside(stream), ticket);
+    op_marks_[stream] = ticket;
   }
 
   void synchronize(cudaStream_t stream) override {
@@ -307,20 +317,19 @@ class CudaTransport final : public Transport {
     std::unique_ptr<cuda::OwnedEvent> event;
   };
 
-  // NOTE [one marker per lane and op] (watchdog.h): the op each caller stream is in (a serial
-  // number given by note_op), and per lane stream the op and ticket of its last marker.
-  struct LaneMark {
-    std::uint64_t op_serial = 0;  // 0: none
-    cuda::Watchdog::Ticket ticket{};
-  };
+  // The marker write of a ticket: the stream has reached this point (NOTE [watchdog]).
+  static void write_marker_value(CUstream s, const cuda::Watchdog::Ticket& ticket) {
+    // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do, but the v2 memop API rejects it.)
+    OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(s, device_ptr(ticket.marker), ticket.seq,
+                                                   CU_STREAM_WRITE_VALUE_DEFAULT));
+  }
 
   int device_;
   std::shared_ptr<cuda::Watchdog> watchdog_;
   cuda::Lanes lanes_;
+  // NOTE [one marker per op]: per caller stream, the marker of the last op begun on it.
   std::mutex marks_mu_;
-  std::uint64_t last_op_serial_ = 0;
-  std::unordered_map<cudaStream_t, std::uint64_t> op_serial_;
-  std::unordered_map<CUstream, LaneMark> lane_marks_;
+  std::unordered_map<cudaStream_t, cuda::Watchdog::Ticket> op_marks_;
   std::mutex ops_mu_;
   std::unordered_map<const void*, OpOrder> op_order_;
 };

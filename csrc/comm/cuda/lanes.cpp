@@ -57,4 +57,12 @@ cudaStream_t Lanes::stream(cudaStream_t caller, int lane) {
   return s.streams[lane - 1]->get();
 }
 
+cudaStream_t Lanes::beside(cudaStream_t caller) {
+  Set& s = set_of(caller);
+  if (!s.side) s.side = std::make_unique<OwnedStream>(device_);
+  OVERLAP_CHECK_CUDA(cudaEventRecord(s.side_mark.get(), caller));
+  OVERLAP_CHECK_CUDA(cudaStreamWaitEvent(s.side->get(), s.side_mark.get(), 0));
+  return s.side->get();
+}
+
 }  // namespace overlap::comm::cuda

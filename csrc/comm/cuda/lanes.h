@@ -28,6 +28,10 @@ class Lanes {
   void wait(cudaStream_t caller, int lane, int other);
   // The stream of `lane` (0: the caller itself) of the fork open on `caller`.
   cudaStream_t stream(cudaStream_t caller, int lane);
+  // A side stream of `caller`, outside every fork, that waits for the work issued so far on
+  // `caller` (an event edge) and that nothing waits for: for work whose latency must not
+  // delay the caller, such as the watchdog's marker writes (NOTE [one marker per op]).
+  cudaStream_t beside(cudaStream_t caller);
 
  private:
   struct Set {
@@ -35,6 +39,8 @@ class Lanes {
     std::vector<std::unique_ptr<OwnedStream>> streams;  // lanes 1..n-1
     std::vector<std::unique_ptr<OwnedEvent>> done;      // per lane 1..n-1, for join()
     std::vector<std::unique_ptr<OwnedEvent>> marks;     // per lane 0..n-1, for wait()
+    std::unique_ptr<OwnedStream> side;                  // beside()
+    OwnedEvent side_mark;                               // beside()'s edge from the caller
     int open = 0;                                       // lanes of the open fork (0: none)
   };
   Set& set_of(cudaStream_t caller);

@@ -1,23 +1,34 @@
 // The deadline of every stream-ordered wait of the cuda transport.
 //
 // NOTE [watchdog]: a cuda wait is a stream memory operation (cuStreamWaitValue64) that the GPU's
-// front end polls; it uses no SM and has no timeout of its own. Before each wait the stream
-// writes the wait's sequence number into a "reached" marker in pinned host memory, so the
-// watchdog thread knows when the GPU actually started waiting (the deadline counts from
-// there, not from when the host enqueued it: a long GEMM ahead in the stream is not a hang).
+// front end polls; it uses no SM and has no timeout of its own. Ahead of the wait the GPU
+// writes a sequence number into a "reached" marker in pinned host memory (once per op, NOTE
+// [one marker per op]), so the watchdog thread knows when the GPU actually got there (the
+// deadline counts from then, not from when the host enqueued the wait: a long GEMM ahead in
+// the stream is not a hang).
 // A wait still unsatisfied `timeout_s` later is a timeout: the watchdog logs it at once (never
 // a silent hang), records it for raise_if_failed(), and releases EVERY pending wait of the
 // transport by storing the awaited value into its flag (flags live in host memory, NOTE
 // [flags in host memory]), so that the GPU drains instead of spinning forever after the host
 // has given up. The transport is failed from then on: its buffers must be recreated.
 //
-// NOTE [one marker per lane and op]: each marker write is a stream memory operation with a
-// memory barrier, and it sits on the critical path (measured: three of them add about 7 us
-// to a four-GPU barrier). So the cuda transport writes one marker per lane and op, before the
-// lane's first wait of the op; the later waits of that lane in the same op share it, and their
-// deadline counts from when the lane reached the op's first wait. The deadline of such a wait
-// thus includes the lane's own work of the op between the two waits (a chunk GEMM: ms against
-// a deadline of seconds), never the work queued before the op.
+// NOTE [one marker per op]: each marker write is a stream memory operation with a memory
+// barrier (about 2.5 us of its stream's time; the v2 memop API rejects
+// CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER), and a marker right before a wait delays the wait
+// by that much. So the cuda transport writes ONE marker per op, in begin_op once the op's
+// acknowledgements are signalled, on a side stream of the caller's (Lanes::beside: an event
+// edge from the caller's stream, and nothing waits for the side stream), so the marker
+// delays neither the acknowledgements nor the op's own work. Every wait of the op, on any of
+// its lanes, counts as reached when that marker is written. The deadline of a wait thus
+// includes the op's own work before it (a chunk GEMM: ms against a deadline of seconds) and
+// never the work queued before the op (tested: ops behind 1.5-2 s of GPU work with a 1 s
+// deadline). Ops captured into a CUDA graph keep one placeholder marker per wait (NOTE [graph
+// capture] in graph_log.h). Measured on 4xH200 (benchmarks/baseline_collectives, push1s, ms;
+// before: one marker per lane and op, before the lane's first wait): all-gather 8 MB 0.067 ->
+// 0.058, 32 MB 0.119 -> 0.111 (0.913 -> 0.986 of NCCL), 128 MB 0.329 -> 0.316, 256 MB 0.589
+// -> 0.578; reduce-scatter 8 MB 0.048 -> 0.046 (with the all-gather's kData waits moved
+// ahead of its join). The marker on the caller's stream right after the acknowledgements
+// gained nothing at 32 MB (0.118): it delayed the fork of the op's lanes.
 //
 // The watchdog makes no CUDA calls: it only reads and writes host memory, so it is safe at
 // any point of the process's life.
@@ -53,12 +64,14 @@ class Watchdog {
   };
   // Registers a wait for *flag >= value about to be enqueued; `flag` is in host memory. With
   // `reached_with`, the wait gets no marker of its own: it counts as reached when that earlier
-  // ticket's marker is written (NOTE [one marker per lane and op]).
+  // ticket's marker is written (NOTE [one marker per op]).
   Ticket arm(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
              const Ticket* reached_with = nullptr);
-  // A ticket nobody watches: the placeholder marker write of a wait captured into a CUDA
-  // graph, which GraphLog::prepare_replay() replaces by an armed ticket before every launch
-  // (NOTE [graph capture] in graph_log.h). Its seq is unique, so the node can be recognised.
+  // A ticket with no wait of its own (yet): the marker of an op, which its waits then share
+  // (arm(..., &ticket), NOTE [one marker per op]), or the placeholder marker write of a wait
+  // captured into a CUDA graph, which GraphLog::prepare_replay() replaces by an armed ticket
+  // before every launch (NOTE [graph capture] in graph_log.h). Its seq is unique, so the
+  // node can be recognised.
   Ticket reserve();
   // Whether `p` is the marker of some ticket (of this watchdog).
   bool is_marker(const void* p) const;

@@ -1,7 +1,7 @@
 """Collectives on symmetric buffers, checked against torch.distributed (gloo, on CPU copies).
 
 Usage: collectives_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, delayed, timeout, lifecycle, negative, views, mismatch.
+Scenarios: correctness, delayed, timeout, queued, lifecycle, negative, views, mismatch.
 
 On the cuda transport each rank uses ``cuda:<local rank>``; ops are stream-ordered and
 asynchronous, so results are compared after the current stream's work (``.cpu()`` syncs).
@@ -143,6 +143,27 @@ def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
             raise AssertionError("all_gather with an absent rank did not time out")
         # After a timeout the communicator refuses further ops with the same typed error.
         _worker.expect_raises(CommTimeoutError, "timed out", buf.barrier)
+    buf.destroy()
+
+
+def queued(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """Work queued ahead of an op does not count against its deadline (NOTE [watchdog], NOTE
+    [one marker per op]): every rank queues 1.5-2 s of GPU work before each op, whose deadline
+    is 1 s, and the ops all complete, exactly, without a timeout."""
+    buf = comm.create_buffer(64 * 1024)
+    buf._core.timeout_s = 1.0
+    x = random_tensor(32, 64, torch.float32, gen)
+    y = random_tensor(32 * tp.size, 16, torch.bfloat16, gen)
+    want_ag, want_rs = reference_all_gather(tp, x), reference_reduce_scatter(tp, y)
+    for pull in (False, True):
+        buf.pull_gather = pull
+        delay(3.0)
+        got_ag = buf.all_gather(x).clone()
+        delay(3.0)
+        got_rs = buf.reduce_scatter(y).clone()
+        buf.synchronize()  # a timeout would surface here
+        assert torch.equal(got_ag, want_ag), f"all_gather (pull={pull})"
+        assert torch.equal(got_rs, want_rs), f"reduce_scatter (pull={pull})"
     buf.destroy()
 
 
@@ -304,6 +325,7 @@ def main() -> None:
         "correctness": correctness,
         "delayed": delayed,
         "timeout": timeout,
+        "queued": queued,
         "lifecycle": lifecycle,
         "negative": negative,
         "views": views,
