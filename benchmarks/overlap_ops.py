@@ -69,7 +69,9 @@ tiny shapes (M / 256, K and N / 128 rounded up to 16), a CPU smoke run in second
 variables of DESIGN.md §7 included); without it, the script is the per-rank worker. Rank 0
 prints progress on stderr and, at the end, the table, a summary line and the paths of the
 JSON (``overlap_ops.json``), the table (``overlap_ops.txt``) and the plot
-(``overlap_ops.png``, when matplotlib is installed).
+(``overlap_ops.png``, when matplotlib is installed). ``--trace`` (GPUs) adds a GPU timeline
+per row of its best variant and torch's op (benchmarks/trace.py): ``traces/<row>.txt``, and
+per-call spans and idle times in the JSON (``trace``), to say why a row misses.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.methods import BULK_OPS, OPS, Case, SideGemm, Variant, select
+from benchmarks.trace import Tracer, row_label
 from overlap.comm import Communicator, TorchBootstrap, TransportKind, tp_subgroup
 from overlap.gemm import gemm
 from overlap.info import summary
@@ -424,6 +427,7 @@ class RowRun:
     cuda: bool
     timer: Callable[[Callable[[], object]], float]
     passes: int = 1
+    tracer: Tracer | None = None
 
 
 def bench_row(
@@ -435,10 +439,12 @@ def bench_row(
     cuda: bool,
     timer: Callable[[Callable[[], object]], float],
     passes: int = 1,
+    tracer: Tracer | None = None,
 ) -> dict[str, Any]:
     """Every time of one row (COLLECTIVE over the world: all TP groups run it at once), each
-    the median over ``passes`` passes (NOTE [timing passes])."""
-    run = RowRun(comm, group, variants, cuda, timer, passes)
+    the median over ``passes`` passes (NOTE [timing passes]); with a ``tracer``, the GPU
+    timelines of the best variant and torch's op as well (``row["trace"]``)."""
+    run = RowRun(comm, group, variants, cuda, timer, passes, tracer)
     times = _bench_bulk_row if row["op"] in BULK_OPS else _bench_overlap_row
     return add_metrics(times(dict(row), run, *_row_inputs(cuda)))
 
@@ -493,7 +499,8 @@ def _time_row(
 ) -> None:
     """Builds the row's variants, then times ``calls`` (into ``out`` under their names), every
     variant (``T_ours_by_variant``) and ``torch_call`` (``T_torch``; None: not timed) in
-    passes (NOTE [timing passes]; each pass's times in ``pass_times``); releases the case's
+    passes (NOTE [timing passes]; each pass's times in ``pass_times``); with the run's
+    tracer, traces the fastest variant and ``torch_call`` (``trace``); releases the case's
     objects."""
     try:
         built, out["variant_errors"] = build_variants(case, run.variants)
@@ -502,6 +509,14 @@ def _time_row(
             timed["T_torch"] = torch_call
         out["pass_times"] = {}
         times = time_in_passes(timed, run.timer, run.passes, out["pass_times"])
+        if run.tracer is not None:
+            traced = {}
+            if built:
+                best = min(built, key=lambda name: times[f"variant {name}"])
+                traced[f"ours {best}"] = built[best]
+            if torch_call is not None:
+                traced[f"torch {out.get('torch_op', '')}".strip()] = torch_call
+            out["trace"] = run.tracer.record(row_label(out), traced)
     finally:
         case.release()
     out.update({name: times[name] for name in calls})
@@ -777,8 +792,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="time each row's calls in this many passes, odd ones in reverse order, and keep "
         "the median (NOTE [timing passes]); default: 2 (cuda), 1 (host)",
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="after timing each row, record GPU timelines (torch.profiler / CUPTI) of its best "
+        "variant and torch's op, 3 calls each, every rank on one axis: OUT/traces/<row>.txt "
+        "(needs --cuda)",
+    )
     parser.add_argument("--launch", type=int, default=0, help="start N ranks under mpirun")
     args = parser.parse_args(argv)
+    if args.trace and not args.cuda:
+        parser.error("--trace records GPU timelines (CUPTI): it needs --cuda")
     args.iters = args.iters or (20 if args.cuda else 3)
     args.warmup = args.warmup if args.warmup is not None else (5 if args.cuda else 1)
     args.passes = args.passes or (2 if args.cuda else 1)
@@ -830,6 +854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return max_over_ranks(ms)
 
+    tracer = Tracer(args.out, align or device_barrier()) if args.trace else None
     if rank0 and args.cuda and args.iters < 20:
         print(
             f"[overlap_ops] note: --iters {args.iters} < 20, below the DESIGN.md §6 protocol",
@@ -863,6 +888,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     cuda=args.cuda,
                     timer=timer,
                     passes=args.passes,
+                    tracer=tracer,
                 )
                 results.append(res)
                 progress.step(_progress_message(res))
@@ -917,6 +943,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "one then the other; T_torch: the NCCL collective on a side stream beside the GEMM "
             "(NOTE [bulk rows] in benchmarks/overlap_ops.py)",
         },
+        "traces": str(tracer.dir) if tracer is not None else None,
         "methods": [
             {"op": v.op, "name": v.name, "method": v.method, "kwargs": dict(v.kwargs)}
             for v in variants
@@ -949,6 +976,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"\nJSON: {json_path} ({meta['seconds']:.0f} s)\ntable: {table_path}")
     print(f"plot: {plot}" if plot is not None else "plot: none (matplotlib not installed)")
+    if tracer is not None:
+        print(f"GPU timelines: {tracer.dir}")
     return 0
 
 

@@ -256,3 +256,33 @@ def test_main_command_on_the_host_transport(tmp_path: Path) -> None:
     assert any(line.startswith("[bench] bulk overlap: rows <= 1.10 x floor") for line in tail)
     assert f"[bench] overlap ops JSON: {tmp_path / 'overlap_ops.json'}" in tail
     assert any(line.startswith("[bench] overlap ops plot: ") for line in tail)
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu(2)
+def test_gpu_timelines_of_the_best_variant_and_torch(tmp_path: Path) -> None:
+    """``--trace``: a CUPTI timeline per row of its fastest variant and torch's op, with every
+    rank's kernels and copies, and per-call spans in the JSON."""
+    methods = "ag_gemm:pipeline/lanes1-split1*,gemm_rs:pipeline/lanes2-split1"
+    args = ["--launch", "2", "--cuda", "--out", str(tmp_path), "--ops", "ag_gemm,gemm_rs"]
+    args += ["--dtypes", "fp8", "--methods", methods, "--iters", "3", "--passes", "1", "--trace"]
+    done = _run(["benchmarks.overlap_ops", *args])
+    result = json.loads((tmp_path / "overlap_ops.json").read_text())
+    assert result["traces"] == str(tmp_path / "traces")
+    assert f"GPU timelines: {tmp_path / 'traces'}" in done.stdout
+    for r in result["rows"]:
+        best, theirs = f"ours {r['best_variant']}", f"torch {r['torch_op']}"
+        trace = r["trace"]
+        assert set(trace) == {best, theirs, "file"}, trace.keys()
+        for name in (best, theirs):
+            assert [b["rank"] for b in trace[name]["ranks"]] == [0, 1]
+            for b in trace[name]["ranks"]:
+                assert b["span_us"] > 0 and b["kernel_us"] > 0
+                assert 0 <= b["idle_us"] <= b["span_us"]
+            assert trace[name]["span_us"] == max(b["span_us"] for b in trace[name]["ranks"])
+        text = Path(trace["file"]).read_text()
+        assert f"== {best}" in text and f"== {theirs}" in text
+        body = [ln.split() for ln in text.splitlines() if ln.split()[:1] in (["0"], ["1"])]
+        kinds = {ln[5] for ln in body if len(ln) > 5}
+        assert {"kernel", "memcpy"} <= kinds, kinds  # GEMMs and copy-engine pushes
+        assert not any("spin_kernel" in ln for ln in text.splitlines())

@@ -1,0 +1,207 @@
+"""GPU timelines of benchmarked calls (``python -m benchmarks.overlap_ops --cuda --trace``).
+
+After a row is timed, its best variant and torch's op each run ``calls`` times back to back
+under ``torch.profiler`` (CUPTI activity records of every stream, the ops' side streams
+included), queued behind a GPU spin so that the host never paces them. Every rank's kernels
+and copies go onto one time axis (each rank's own clock; the ranks start aligned by a
+device-side barrier) in ``DIR/traces/<row>.txt``, under a per-call breakdown per rank: the
+span, the time in kernels and in copies (they overlap each other), and the idle time (no
+kernel and no copy running). That is how a row that misses its target gets explained
+(DESIGN.md §6: "where a row misses, say why").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import format_table, spin_gpu
+
+# Chrome-trace categories of GPU activity, and what the timeline calls them.
+_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+# The harness's spin kernel (torch.cuda._sleep), which queues the traced calls: it and
+# everything before it (the aligning barrier) are left out of the timeline.
+_SPIN_KERNEL = "spin_kernel"
+
+
+@dataclass(frozen=True)
+class Activity:
+    """One kernel or copy of one rank: start and duration in microseconds on that rank's
+    clock, the stream it ran on, its kind (kernel, memcpy or memset) and name."""
+
+    rank: int
+    start_us: float
+    dur_us: float
+    stream: str
+    kind: str
+    name: str
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.dur_us
+
+
+def activities_of(trace: Mapping[str, Any], rank: int) -> list[Activity]:
+    """The GPU activities of a chrome trace (``torch.profiler``'s export) that start after the
+    harness's last spin kernel ended (all of them if there is none), in start order."""
+    acts = []
+    for e in trace.get("traceEvents", []):
+        kind = _KINDS.get(e.get("cat", ""))
+        if kind is None:
+            continue
+        stream = str(e.get("args", {}).get("stream", "?"))
+        name = str(e.get("name", ""))
+        acts.append(Activity(rank, float(e["ts"]), float(e.get("dur", 0.0)), stream, kind, name))
+    spins = [a.end_us for a in acts if a.kind == "kernel" and _SPIN_KERNEL in a.name]
+    after = max(spins, default=float("-inf"))
+    return sorted((a for a in acts if a.start_us >= after), key=lambda a: a.start_us)
+
+
+def breakdown(acts: Sequence[Activity], calls: int) -> dict[str, float]:
+    """Per call (``calls`` calls traced back to back), in microseconds: the span of the
+    activities, the time spent in kernels and in copies (summed over streams, so they may
+    add up to more than the span), and the idle time (neither running anywhere); and the
+    number of activities recorded (all calls together)."""
+    if not acts:
+        return {"span_us": 0.0, "kernel_us": 0.0, "copy_us": 0.0, "idle_us": 0.0, "activities": 0}
+    ordered = sorted(acts, key=lambda a: a.start_us)
+    begin = ordered[0].start_us
+    end = max(a.end_us for a in ordered)
+    busy, cur_lo, cur_hi = 0.0, ordered[0].start_us, ordered[0].end_us
+    for a in ordered[1:]:
+        if a.start_us > cur_hi:
+            busy += cur_hi - cur_lo
+            cur_lo, cur_hi = a.start_us, a.end_us
+        else:
+            cur_hi = max(cur_hi, a.end_us)
+    busy += cur_hi - cur_lo
+    span = end - begin
+    return {
+        "span_us": span / calls,
+        "kernel_us": sum(a.dur_us for a in acts if a.kind == "kernel") / calls,
+        "copy_us": sum(a.dur_us for a in acts if a.kind != "kernel") / calls,
+        "idle_us": (span - busy) / calls,
+        "activities": len(acts),
+    }
+
+
+def timeline_text(label: str, traced: Mapping[str, Sequence[Activity]], calls: int) -> str:
+    """The trace file of one row: per traced call a breakdown table (one line per rank),
+    then every rank's activities on one axis (us from the first activity of the call)."""
+    lines = [f"GPU timeline of {label}: {calls} calls back to back per traced call (us)"]
+    for name, acts in traced.items():
+        ranks = sorted({a.rank for a in acts})
+        rows = [{"rank": r, **breakdown([a for a in acts if a.rank == r], calls)} for r in ranks]
+        lines += ["", f"== {name}", ""]
+        lines.append(
+            format_table(
+                rows,
+                [
+                    ("rank", "rank"),
+                    ("span_us", "span/call"),
+                    ("kernel_us", "kernels/call"),
+                    ("copy_us", "copies/call"),
+                    ("idle_us", "idle/call"),
+                    ("activities", "activities"),
+                ],
+            )
+        )
+        counts = sorted({row["activities"] for row in rows})
+        if len(counts) > 1:
+            lines.append(
+                f"warning: the ranks recorded different numbers of activities ({counts[0]}.."
+                f"{counts[-1]}): where a rank did the same work, the profiler dropped records "
+                "and that rank's per-call times are too low"
+            )
+        lines.append("")
+        t0 = {r: min(a.start_us for a in acts if a.rank == r) for r in ranks}
+        lines.append(f"{'rank':>4} {'start':>9} {'dur':>8} {'end':>9}  stream  kind    name")
+        for a in sorted(acts, key=lambda a: (a.start_us - t0[a.rank], a.rank)):
+            s = a.start_us - t0[a.rank]
+            lines.append(
+                f"{a.rank:>4} {s:9.1f} {a.dur_us:8.1f} {s + a.dur_us:9.1f}  {a.stream:>6}  "
+                f"{a.kind:<6}  {a.name[:90]}"
+            )
+    return "\n".join(lines)
+
+
+def row_label(row: Mapping[str, Any]) -> str:
+    """A file-name-safe name of a benchmark row."""
+    return f"{row['op']}-{row['shape']}-M{row['M']}-tp{row['tp']}-{row['dtype']}"
+
+
+class Tracer:
+    """Records GPU timelines of calls on every rank (COLLECTIVE over torch.distributed's
+    world: every rank calls :meth:`record` with the same names) and writes them on rank 0.
+
+    Args:
+        out_dir: the benchmark's output directory; traces go to ``out_dir / "traces"``.
+        align: a device-side barrier of the world (benchmarks.common.device_barrier).
+        calls: calls traced back to back per traced callable (>= 1).
+    """
+
+    def __init__(self, out_dir: Path, align: Callable[[], object], calls: int = 3) -> None:
+        if calls < 1:
+            raise ValueError(f"calls must be >= 1, got {calls}")
+        self.dir = Path(out_dir) / "traces"
+        self.align = align
+        self.calls = calls
+
+    def record(self, label: str, calls: Mapping[str, Callable[[], object]]) -> dict[str, Any]:
+        """Traces every callable of ``calls``; returns, by name, the largest per-call span over
+        the ranks and each rank's breakdown (:func:`breakdown`), and writes the timeline to
+        ``traces/<label>.txt`` on rank 0 (its path under ``"file"``)."""
+        import torch.distributed as dist
+
+        traced: dict[str, list[Activity]] = {}
+        for name, fn in calls.items():
+            mine = [asdict(a) for a in self._trace(fn)]
+            everyone: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+            traced[name] = [Activity(**a) for acts in everyone for a in acts]
+        result: dict[str, Any] = {}
+        for name, acts in traced.items():
+            per_rank = [
+                {"rank": r, **breakdown([a for a in acts if a.rank == r], self.calls)}
+                for r in sorted({a.rank for a in acts})
+            ]
+            result[name] = {
+                "span_us": max((b["span_us"] for b in per_rank), default=0.0),
+                "ranks": per_rank,
+            }
+        path = self.dir / f"{label}.txt"
+        if dist.get_rank() == 0:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(timeline_text(label, traced, self.calls) + "\n")
+        result["file"] = str(path)
+        return result
+
+    def _trace(self, fn: Callable[[], object]) -> list[Activity]:
+        import torch
+        import torch.distributed as dist
+        from torch.profiler import ProfilerActivity, profile
+
+        for _ in range(2):  # warm: nothing first-time (tuning, allocation) in the timeline
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            self.align()  # every rank's spin ends at about the same time
+            spin_gpu(2.0)  # the host queues every call before the GPU starts them
+            for _ in range(self.calls):
+                fn()
+            torch.cuda.synchronize()
+            time.sleep(0.05)  # CUPTI hands its last records over asynchronously
+        fd, tmp = tempfile.mkstemp(suffix=".json", prefix="overlap-trace-")
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(tmp)
+            with open(tmp) as f:
+                return activities_of(json.load(f), dist.get_rank())
+        finally:
+            os.unlink(tmp)
