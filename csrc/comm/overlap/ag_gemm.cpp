@@ -165,6 +165,14 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // latency of the handshakes: torch's barrier is an SM kernel on device-memory signal pads (3-4
 // us, run between GEMMs), ours are stream memory operations on host-memory flags (13-15 us a
 // hop, NOTE [cuda transport design]), and an op waits on them at least once per peer.
+// A later timeline (benchmarks.overlap_ops --trace, 2026-11-22, same row, best variant
+// lanes1-split1-staggered-pieces2, steady-state calls on rank 0) says where the push rate
+// goes: each 8 MB piece pushed in 29-40 us (210-280 GB/s; torch pulls 16 MB in 48, 333 GB/s),
+// 3-10 us between consecutive copies on the put lane (the signal's memory barrier after each
+// piece, the 4-byte scale_inv copy and the acknowledgement wait before each peer), our own
+// slot's 16 MB copy 32 us beside the pushes (torch's runs alone: 8-9 us), and each piece's
+// GEMM (31 us) waiting 11-17 us for its piece: the chunk GEMMs are starved by the push
+// rate. With one marker per op (NOTE [one marker per op]) the row went 0.310 -> 0.307 ms.
 //
 // Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
 // landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
