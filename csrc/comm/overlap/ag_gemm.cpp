@@ -172,7 +172,8 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // piece, the 4-byte scale_inv copy and the acknowledgement wait before each peer), our own
 // slot's 16 MB copy 32 us beside the pushes (torch's runs alone: 8-9 us), and each piece's
 // GEMM (31 us) waiting 11-17 us for its piece: the chunk GEMMs are starved by the push
-// rate. With one marker per op (NOTE [one marker per op]) the row went 0.310 -> 0.307 ms.
+// rate. One marker per op (NOTE [one marker per op]) left the row within noise (best
+// variant 0.307-0.311 ms in two runs after it, 0.306-0.316 before).
 //
 // Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
 // landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
