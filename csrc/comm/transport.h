@@ -138,8 +138,9 @@ class Transport {
   virtual void note_op(SymmetricBuffer& /*buf*/, std::uint64_t /*epoch*/, cudaStream_t /*stream*/) {
   }
   // Called by begin_op once the op's acknowledgements are signalled on `stream`: the cuda
-  // transport writes the op's watchdog marker there, which every wait of the op shares (NOTE
-  // [one marker per op] in comm/cuda/watchdog.h). A no-op on the host transport.
+  // transport writes the op's watchdog marker on a side stream that follows `stream` from
+  // here, and every wait of the op shares it (NOTE [one marker per op] in
+  // comm/cuda/watchdog.h). A no-op on the host transport.
   virtual void op_begun(cudaStream_t /*stream*/) {}
   // Make the host wait for everything issued on `stream`, then raise_if_failed().
   virtual void synchronize(cudaStream_t stream) = 0;
