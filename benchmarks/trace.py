@@ -3,8 +3,9 @@
 After a row is timed, its best variant and torch's op each run ``calls`` times back to back
 under ``torch.profiler`` (CUPTI activity records of every stream, the ops' side streams
 included), queued behind a GPU spin so that the host never paces them. Every rank's kernels
-and copies go onto one time axis (each rank's own clock; the ranks start aligned by a
-device-side barrier) in ``DIR/traces/<row>.txt``, under a per-call breakdown per rank: the
+and copies go onto one time axis in ``DIR/traces/<row>.txt`` (us from the rank's first
+activity after the spin; the spins end together, after a device-side barrier, so the ranks'
+origins agree to within that barrier's skew), under a per-call breakdown per rank: the
 span, the time in kernels and in copies (they overlap each other), and the idle time (no
 kernel and no copy running). That is how a row that misses its target gets explained
 (DESIGN.md §6: "where a row misses, say why").
