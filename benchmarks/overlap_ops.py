@@ -515,7 +515,7 @@ def _time_row(
                 best = min(built, key=lambda name: times[f"variant {name}"])
                 traced[f"ours {best}"] = built[best]
             if torch_call is not None:
-                traced[f"torch {out.get('torch_op', '')}".strip()] = torch_call
+                traced[f"torch {out['torch_op']}"] = torch_call
             out["trace"] = run.tracer.record(row_label(out), traced)
     finally:
         case.release()
