@@ -88,23 +88,38 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
   // 4xH200 (all-gather push1s, ms, median of 4 interleaved passes, one run): 128 MB 0.441 ->
   // 0.325, 8 and 32 MB unchanged. Other runs of the forward order reached 0.329 at 128 MB:
   // the reverse order guards against a slow phase rather than speeding up every run.
-  for (int i = 1; i < n; ++i) {
-    const int peer = (r + n - i) % n;
-    t.signal(buf.flag(peer, r, FlagSlot::kAck), epoch, stream, 0);
-  }
-  t.op_begun(stream);  // NOTE [one marker per op]: after the acknowledgements
   // NOTE [deferred acknowledgements]: when to wait for all of them here.
   const bool wait_all = !access.pushes_only || buf.peers_read_last_op() ||
                         t.kind() == TransportKind::kHost || t.capturing(stream);
   buf.set_peers_read_last_op(!access.pushes_only);
-  if (wait_all) {
+  const auto ack_wait = [&](int peer) {
+    return FlagWait{buf.flag(r, peer, FlagSlot::kAck), epoch,
+                    WaitContext{op, r, peer, 0, epoch, buf.timeout_s()}};
+  };
+  if (wait_all && access.handshake) {
+    // NOTE [handshakes]: signals and waits in one kernel; the marker first, so that it
+    // covers the kernel's waits.
+    t.op_begun(stream);
+    Handshake h;
+    h.value = epoch;
     for (int i = 1; i < n; ++i) {
       const int peer = (r + n - i) % n;
-      WaitContext ctx{op, r, peer, 0, epoch, buf.timeout_s()};
-      t.wait(buf.flag(r, peer, FlagSlot::kAck), epoch, ctx, stream, 0);
+      h.signals.push_back(buf.flag(peer, r, FlagSlot::kAck));
+      h.waits.push_back(ack_wait(peer));
     }
-    buf.set_acked_epoch(epoch);
+    t.handshake(h, stream, 0);
+  } else {
+    for (int i = 1; i < n; ++i) {
+      const int peer = (r + n - i) % n;
+      t.signal(buf.flag(peer, r, FlagSlot::kAck), epoch, stream, 0);
+    }
+    t.op_begun(stream);  // NOTE [one marker per op]: after the acknowledgements
+    for (int i = 1; wait_all && i < n; ++i) {
+      const FlagWait w = ack_wait((r + n - i) % n);
+      t.wait(w.flag, w.value, w.ctx, stream, 0);
+    }
   }
+  if (wait_all) buf.set_acked_epoch(epoch);
   check_op_records(buf, record, epoch);
   return epoch;
 }

@@ -26,6 +26,10 @@ namespace overlap::comm {
 //     preceded the capture).
 struct OpAccess {
   bool pushes_only = false;  // no peer reads this rank's region in this op
+  // Exchange the acknowledgements in one handshake (NOTE [handshakes] in transport.h: an SM
+  // kernel on cuda) where begin_op waits for all of them: for ops whose caller's stream has
+  // no GEMM running beside it at this point.
+  bool handshake = false;
 };
 
 // Opens op `code` on `buf`: checks the buffer and the stream, takes the next epoch, publishes

@@ -17,4 +17,12 @@ std::string describe_timeout(const WaitContext& ctx, std::uint64_t seen, std::ui
   return oss.str();
 }
 
+void Transport::handshake(const Handshake& h, cudaStream_t stream, int lane) {
+  constexpr std::size_t kWord = 4;
+  for (const WordCopy& c : h.before) put(c.dst, c.src, kWord, stream, lane);
+  for (std::uint64_t* flag : h.signals) signal(flag, h.value, stream, lane);
+  for (const FlagWait& w : h.waits) wait(w.flag, w.value, w.ctx, stream, lane);
+  for (const WordCopy& c : h.after) put(c.dst, c.src, kWord, stream, lane);
+}
+
 }  // namespace overlap::comm

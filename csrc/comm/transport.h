@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/stream.h"
@@ -53,6 +54,37 @@ struct ReduceOutput {
   // one output reduced by several calls; the first call overwrites).
   bool accumulate_amax = false;
   int max_blocks = 0;  // cuda: bound on the grid (<= 0: fill the GPU)
+};
+
+// NOTE [handshakes]: a handshake is a short exchange that every rank runs at the same point of
+// an op: copy a few 4-byte words (`before`, e.g. this rank's FP8 scale_inv into its slot),
+// store `value` into every flag of `signals`, wait until every flag of `waits` holds its
+// value, then copy a few more words (`after`, e.g. the peers' scale_invs, which their
+// `before` words published, into our slots). The host transport (and the cuda transport
+// while a CUDA graph is captured) runs it as puts, signals and waits in that order. The cuda
+// transport otherwise runs it as ONE one-block kernel that stores and polls the flags with
+// SM instructions: a stream memory operation costs 13-15 us a hop (NOTE [cuda transport
+// design]), a kernel's stores and loads a few. It takes one SM, so ops use it only where the
+// SMs are idle (on the caller's stream before the op's GEMMs); its waits keep the watchdog's
+// deadline and release (NOTE [watchdog]): the deadline counts from when the caller's stream
+// reaches the kernel, so a kernel kept off the SMs by other streams' work for longer than the
+// timeout reports one. Measured in benchmarks.overlap_ops --trace on 4xH200: 5-9 us per
+// handshake of four ranks arriving together (torch's symmetric-memory barrier: 3-4).
+struct FlagWait {
+  const std::uint64_t* flag = nullptr;
+  std::uint64_t value = 0;
+  WaitContext ctx;
+};
+struct WordCopy {  // 4 bytes, 4-byte aligned
+  void* dst = nullptr;
+  const void* src = nullptr;
+};
+struct Handshake {
+  std::vector<WordCopy> before;
+  std::vector<std::uint64_t*> signals;
+  std::uint64_t value = 0;
+  std::vector<FlagWait> waits;
+  std::vector<WordCopy> after;
 };
 
 // Bytes of the flag part of every region: 64 ranks x 4 slots x uint64, one 4 KiB page.
@@ -114,6 +146,8 @@ class Transport {
   // on cuda at the next call that checks (see raise_if_failed), with the lane released.
   virtual void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
                     cudaStream_t stream, int lane) = 0;
+  // NOTE [handshakes]: in order on `lane`. The default runs it as put/signal/wait calls.
+  virtual void handshake(const Handshake& h, cudaStream_t stream, int lane);
   // out[i] = sum_k in[k][i] with fp32 accumulation in input order; inputs of `dtype` (bf16,
   // fp16 or fp32), out stored as `o` says; in order on `lane` (an SM kernel on cuda).
   virtual void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count,
@@ -137,10 +171,11 @@ class Transport {
   // comm/cuda/graph_log.h). A no-op on the host transport.
   virtual void note_op(SymmetricBuffer& /*buf*/, std::uint64_t /*epoch*/, cudaStream_t /*stream*/) {
   }
-  // Called by begin_op once the op's acknowledgements are signalled on `stream`: the cuda
-  // transport writes the op's watchdog marker on a side stream that follows `stream` from
-  // here, and every wait of the op shares it (NOTE [one marker per op] in
-  // comm/cuda/watchdog.h). A no-op on the host transport.
+  // Called by begin_op once the op's acknowledgements are signalled on `stream` (right before,
+  // where a handshake signals and awaits them in one go): the cuda transport writes the op's
+  // watchdog marker on a side stream that follows `stream` from here, and every wait of the
+  // op shares it (NOTE [one marker per op] in comm/cuda/watchdog.h). A no-op on the host
+  // transport.
   virtual void op_begun(cudaStream_t /*stream*/) {}
   // Make the host wait for everything issued on `stream`, then raise_if_failed().
   virtual void synchronize(cudaStream_t stream) = 0;

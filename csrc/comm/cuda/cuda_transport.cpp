@@ -46,6 +46,7 @@
 #include "common/errors.h"
 #include "common/lifecycle.h"
 #include "kernels/copy.h"
+#include "kernels/handshake.h"
 #include "kernels/reduce.h"
 
 namespace overlap::comm {
@@ -206,6 +207,55 @@ class CudaTransport final : public Transport {
     if (write_marker) write_marker_value(s, ticket);
     OVERLAP_CHECK_CU(
         driver().cuStreamWaitValue64(s, device_ptr(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
+  }
+
+  // NOTE [handshakes] (transport.h): one kernel, its waits armed like wait()'s. Captured
+  // handshakes run as memory operations (their waits need the graph log's re-armed markers).
+  void handshake(const Handshake& h, cudaStream_t stream, int lane) override {
+    if (is_capturing(stream)) {
+      Transport::handshake(h, stream, lane);
+      return;
+    }
+    OVERLAP_CHECK(h.before.size() <= kernels::kMaxHandshakeWords &&
+                      h.after.size() <= kernels::kMaxHandshakeWords &&
+                      h.signals.size() <= kernels::kMaxHandshakeFlags &&
+                      h.waits.size() <= kernels::kMaxHandshakeFlags,
+                  kInternal,
+                  "handshake: " << h.before.size() << " + " << h.after.size() << " words, "
+                                << h.signals.size() << " signals and " << h.waits.size()
+                                << " waits exceed the kernel's bounds");
+    DeviceGuard guard(device_);
+    CUstream s = lanes_.stream(stream, lane);
+    kernels::HandshakeParams p;
+    const auto words = [](const std::vector<WordCopy>& from, kernels::HandshakeWord* to) {
+      for (std::size_t i = 0; i < from.size(); ++i) {
+        to[i].dst = static_cast<std::uint32_t*>(from[i].dst);
+        to[i].src = static_cast<const std::uint32_t*>(from[i].src);
+      }
+      return static_cast<int>(from.size());
+    };
+    p.num_before = words(h.before, p.before);
+    p.num_after = words(h.after, p.after);
+    p.value = h.value;
+    for (std::uint64_t* flag : h.signals) p.signals[p.num_signals++] = flag;
+    {
+      std::lock_guard<std::mutex> lock(marks_mu_);
+      const auto mark = op_marks_.find(stream);
+      cuda::Watchdog::Ticket own{};
+      const cuda::Watchdog::Ticket* reached = mark == op_marks_.end() ? nullptr : &mark->second;
+      for (const FlagWait& w : h.waits) {
+        if (__atomic_load_n(w.flag, __ATOMIC_ACQUIRE) >= w.value) continue;  // flags only grow
+        if (reached == nullptr) {  // outside an op: a marker of its own, before the kernel
+          own = watchdog_->reserve();
+          write_marker_value(s, own);
+          reached = &own;
+        }
+        watchdog_->arm(w.flag, w.value, w.ctx, reached);
+        p.waits[p.num_waits] = w.flag;
+        p.wait_values[p.num_waits++] = w.value;
+      }
+    }
+    kernels::handshake_cuda(p, s);
   }
 
   void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,
