@@ -265,10 +265,12 @@ def _cuda_setting(case: Case, kwargs: Mapping[str, Any]) -> bool:
     return case.cuda or kwargs.get("split", 1) == 1
 
 
-def _ag_pipeline(case: Case, *, lanes: int, split: int, staggered: bool, pieces: int = 1) -> Runner:
+def _ag_pipeline(
+    case: Case, *, lanes: int, split: int, staggered: bool, pieces: int = 1, pull: bool = False
+) -> Runner:
     """:class:`~overlap.ops.AllGatherGemm`: one op object per lane count; copies per peer
-    (``put_split``), staggered pushes and pieces per peer shard are settings, applied by every
-    call (NOTE [settings per call])."""
+    (``put_split``), staggered pushes, pieces per peer shard and pulls are settings, applied by
+    every call (NOTE [settings per call])."""
     op = case.keep(
         ("ag_pipeline", lanes),
         lambda: AllGatherGemm(case.comm, case.m, case.k, case.input_dtype, compute_lanes=lanes),
@@ -278,6 +280,7 @@ def _ag_pipeline(case: Case, *, lanes: int, split: int, staggered: bool, pieces:
         op.buffer.put_split = split
         op.staggered_puts = staggered
         op.pieces = pieces
+        op.pull_shards = pull
         return op(case.a, case.w, out=case.out)
 
     return run
@@ -314,6 +317,16 @@ register(
     _ag_pipeline,
     grid(lanes=(1, 2), split=(1,), staggered=(True,), pieces=(2, 4)),
 )
+
+
+# Pulls after device-side handshakes (NOTE [ag_gemm pulls], NOTE [handshakes]).
+def _ag_pull(case: Case, *, lanes: int) -> Runner:
+    """:class:`~overlap.ops.AllGatherGemm` with ``pull_shards`` (NOTE [ag_gemm pulls]), on the
+    pipeline variants' op object (put_split and staggered pushes do not apply)."""
+    return _ag_pipeline(case, lanes=lanes, split=1, staggered=True, pull=True)
+
+
+register("ag_gemm", "pull", _ag_pull, grid(lanes=(1, 2)))
 register("gemm_rs", "pipeline", _rs_pipeline, grid(lanes=(1, 2), split=(1, 2)), when=_cuda_setting)
 # Pieces (NOTE [gemm_rs pieces]) for the comm-bound shapes: two, whose reductions run beside
 # the GEMMs of the second round (4 pieces, and a bounded reduction grid, measured slower on

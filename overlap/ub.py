@@ -192,6 +192,9 @@ class GemmOverlapConfig:
             different buffers).
         staggered_puts: push the shard to one peer after the other (``RING_AG`` only; the
             default, as :class:`~overlap.ops.AllGatherGemm`'s).
+        pull_shards: the peers pull each rank's shard after two device-side handshakes
+            instead of it being pushed (``RING_AG`` only; NOTE [ag_gemm pulls]; ``put_split``
+            and ``staggered_puts`` then do not apply). Default False.
         pieces: pieces each chunk is split into, 1..4 (``RING_AG``: each peer's shard
             travels and is multiplied in pieces, NOTE [ag_gemm pieces]; ``PIPELINE_RS``: the
             chunks are computed, pulled and summed in rounds, NOTE [gemm_rs pieces]): for
@@ -213,6 +216,7 @@ class GemmOverlapConfig:
     compute_lanes: int | None = None
     put_split: int = 1
     staggered_puts: bool = True
+    pull_shards: bool = False
     reduce_max_blocks: int | None = None
     fp8: bool = False
     gemm_sm_margin: int | None = None
@@ -236,7 +240,7 @@ class GemmOverlapConfig:
         _check_int("GemmOverlapConfig.gemm_sm_margin", self.gemm_sm_margin, 0, None, optional=True)
         _check_int("GemmOverlapConfig.ring_subchunks", self.ring_subchunks, 1, 4)
         _check_int("GemmOverlapConfig.pieces", self.pieces, 1, 4)
-        for field in ("staggered_puts", "fp8"):
+        for field in ("staggered_puts", "pull_shards", "fp8"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(
                     f"GemmOverlapConfig.{field}: {getattr(self, field)!r} must be True or False"
@@ -533,6 +537,7 @@ class Userbuffers:
                 compute_lanes=cfg.lanes,
                 staggered_puts=cfg.staggered_puts,
                 pieces=cfg.pieces,
+                pull_shards=cfg.pull_shards,
                 name=name,
                 buffer=buffer,
             )

@@ -25,13 +25,15 @@ def test_host_overlap_ops(scenario: str, nprocs: int, tp: int) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("scenario", ["timeout", "timeout_ring"], ids=lambda s: s)
+@pytest.mark.parametrize("scenario", ["timeout", "timeout_pull", "timeout_ring"], ids=lambda s: s)
 def test_host_overlap_op_absent_rank_times_out(scenario: str) -> None:
     run_workers("overlap_ops_worker.py", 2, [scenario, "2", "host"])
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("scenario", [*SCENARIOS, "timeout", "timeout_ring"], ids=lambda s: s)
+@pytest.mark.parametrize(
+    "scenario", [*SCENARIOS, "timeout", "timeout_pull", "timeout_ring"], ids=lambda s: s
+)
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_cuda_overlap_ops(scenario: str, nprocs: int) -> None:
     _require_gpus(nprocs)

@@ -318,7 +318,9 @@ def test_variant_applicability_follows_the_transport() -> None:
     ag = [v for v in methods.registered() if v.op == "ag_gemm"]
     on_host = [v.name for v in ag if v.applies(FakeCase("ag_gemm", cuda=False))]
     on_gpu = [v.name for v in ag if v.applies(FakeCase("ag_gemm", cuda=True))]
-    assert set(on_host) < set(on_gpu) and all("split1" in n for n in on_host)
+    # Copies per peer (split > 1) only on cuda; pulls have no split.
+    assert set(on_host) < set(on_gpu) and all("split" not in n or "split1" in n for n in on_host)
+    assert "pull/lanes1" in on_host
     assert not any(v.applies(FakeCase("gemm_rs", cuda=True)) for v in ag)
 
 

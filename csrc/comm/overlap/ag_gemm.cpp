@@ -109,6 +109,100 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   }
 }
 
+// NOTE [ag_gemm pulls]: the pull schedule (config.pull_shards), torch async-TP's order with
+// handshakes (NOTE [handshakes] in transport.h) instead of stream memory operations for the
+// two points where every rank meets. Timeline of rank r (n ranks, C compute lanes; c0 = the
+// caller's stream = lane 0, P = the pull lane):
+//
+// clang-format off
+//   c0 | begin_op: handshake kAck(e) | shard -> slot r | handshake kData(e) (+ scale_invs) | fork | GEMM chunk r | GEMM r+C ... | join
+//   c1 |                             |                 |                                   |      | wait P(r+1), GEMM chunk r+1 | ...
+//   P  |                             |                 |                                   |      | pull slot r+1 of r+1 | pull slot r+2 of r+2 | ...
+// clang-format on
+//
+// The first handshake (begin_op) says that every peer has finished the previous op, so no peer
+// still reads our slot r: we may overwrite it. The shard's copy into slot r runs alone on the
+// copy engines. The second says that every peer's shard is in its slot; its kernel also
+// publishes our FP8 scale_inv before signalling and fetches the peers' after waiting (words
+// over NVLink, no copy-engine call). Both kernels run on c0 while no GEMM holds the SMs. Then
+// no flag per chunk: the pull lane copies the peers' slots into ours, rank r+s's at step s (so
+// each rank's slot is read by one peer at a time), each pull followed by its chunk's GEMMs
+// (GEMM q of the (chunk, piece, weight) sequence on compute lane q % C, after the pull by an
+// event edge). staggered_puts and put_split do not apply; pieces are consecutive pulls of a
+// chunk, each followed by its GEMMs. Peers read our region, so the next op on the buffer
+// begins with a wait for every acknowledgement (NOTE [deferred acknowledgements]).
+//
+// Measured on 4xH200, TP 4 (benchmarks.overlap_ops --full --tp 4 --shapes qkv,te4096 --ops
+// ag_gemm, 2026-11-22, ms; best push variant / pulls, one or two compute lanes / torch):
+//   qkv M 8192 FP8 0.309-0.316 / 0.301-0.308 / 0.273-0.276 (session 9's memop pulls: 0.337)
+//   qkv M 8192 bf16 0.476-0.491 / 0.484-0.508 / 0.485-0.497
+//   qkv M 16384 FP8 0.531-0.545 / 0.564-0.576 / 0.517-0.528
+//   qkv M 16384 bf16 0.975-1.007 / 1.013-1.083 / 0.986-1.034
+//   te4096 FP8 0.220-0.221 / 0.224-0.239 / 0.218-0.220; bf16 0.386-0.408 / 0.393-0.424
+// So pulls win only on qkv FP8 M 8192, by 2-3%, and are not the default. Timelines (--trace)
+// say why they do not reach torch's time: each 16 MB pull takes 58-82 us beside our chunk
+// GEMMs against torch's 48, though the same pulls with the GEMMs left out (a dev-only toggle)
+// take 47-48. Ruled out with a microbenchmark of 16 MB copy-engine pulls, all four ranks
+// (us): our IPC region or torch's symmetric memory as source or target (50 either way),
+// the lane's stream priority (50 either way), a torch FP8 GEMM running beside (50), and the
+// GEMM algorithm (the heuristic's, torch's, in the op: still 60). Free-running pulls from
+// r+1, r+2, r+3 in turn take 70-80 (ranks out of phase: two readers on one source), with a
+// barrier before each copy 65 (the barrier included), as do pulls from r+1 alone. Splitting
+// each pull over two or three copy lanes was slower (qkv FP8 0.37-0.44 ms). Still open: what
+// in our op slows a pull beside a GEMM.
+void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
+                    const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
+                    const Pieces& pc, const OverlapConfig& config, std::uint64_t arg,
+                    cudaStream_t stream) {
+  const int r = buf.rank();
+  const int n = buf.size();
+  Transport& t = buf.transport();
+  const bool scaled = a_shard.scaling == gemm::ScalingMode::kTensor;
+  const int lanes_c = config.compute_lanes;
+  const std::uint64_t epoch = begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream,
+                                       OpAccess{/*pushes_only=*/false, /*handshake=*/true});
+  detail::take_piece_epochs(buf, stream);  // NOTE [ag_gemm pieces]: same epochs as pushes
+  char* const own = buf.data(r);
+  t.put(own + r * l.shard_bytes, a_shard.data, l.shard_bytes, stream, 0);
+  const auto scale_slot = [&](int rank, int j) {
+    return buf.data(rank) + l.scale_offset + j * kScaleSlotBytes;
+  };
+  Handshake h;
+  h.value = epoch;
+  if (scaled) h.before.push_back(WordCopy{scale_slot(r, r), a_shard.scale_inv});
+  for (int i = 1; i < n; ++i) {
+    const int peer = (r + i) % n;
+    h.signals.push_back(buf.flag(peer, r, FlagSlot::kData));
+    h.waits.push_back(FlagWait{buf.flag(r, peer, FlagSlot::kData), epoch,
+                               WaitContext{kOp, r, peer, i, epoch, buf.timeout_s()}});
+    if (scaled) h.after.push_back(WordCopy{scale_slot(r, peer), scale_slot(peer, peer)});
+  }
+  t.handshake(h, stream, 0);
+  const int pull_lane = lanes_c;
+  t.fork(stream, lanes_c + 1);
+  int q = 0;  // GEMM q on lane q % C
+  const auto gemms = [&](int j, int p) {
+    for (const AgGemmWeight& x : weights) {
+      const int lane = q++ % lanes_c;
+      if (j != r) t.lane_wait(stream, lane, pull_lane);
+      t.gemm(piece_operand(buf, a_shard, l, j, pc, p), x.b,
+             piece_output(buf, x.d, a_shard.rows, j, pc, p), x.options, stream, lane);
+    }
+  };
+  gemms(r, 0);
+  const std::size_t row_bytes = l.shard_bytes / static_cast<std::size_t>(a_shard.rows);
+  for (int s = 1; s < n; ++s) {
+    const int j = (r + s) % n;
+    for (int p = 0; p < pc.count(); ++p) {
+      const std::size_t offset = j * l.shard_bytes + static_cast<std::size_t>(pc.lo(p)) * row_bytes;
+      t.put(own + offset, buf.data(j) + offset, static_cast<std::size_t>(pc.rows(p)) * row_bytes,
+            stream, pull_lane);
+      gemms(j, p);
+    }
+  }
+  t.join(stream);
+}
+
 }  // namespace
 
 // NOTE [ag_gemm schedule]: one chunk per rank, pushed by copy engines (like all_gather's push
@@ -174,6 +268,9 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // GEMM (31 us) waiting 11-17 us for its piece: the chunk GEMMs are starved by the push
 // rate. One marker per op (NOTE [one marker per op]) left the row within noise (best
 // variant 0.307-0.311 ms in two runs after it, 0.306-0.316 before).
+// With handshake kernels (NOTE [ag_gemm pulls]) the pulls' handshake latency is gone (both
+// handshakes 5-9 us in steady state, torch's barriers 3-4), and what remains is the rate of
+// each pull beside our chunk GEMMs: 58-82 us per 16 MB against torch's 48 (measured there).
 //
 // Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
 // landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
@@ -214,8 +311,12 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   std::uint64_t arg = 0;
   for (std::uint64_t v :
        {std::uint64_t(m), std::uint64_t(a_shard.cols), std::uint64_t(a_shard.dtype),
-        std::uint64_t(scaled), std::uint64_t(pc.count())}) {
+        std::uint64_t(scaled), std::uint64_t(pc.count()), std::uint64_t(config.pull_shards)}) {
     arg = mix_arg(arg, v);
+  }
+  if (config.pull_shards) {
+    ag_gemm_pulled(buf, a_shard, weights, l, pc, config, arg, stream);
+    return;
   }
 
   // ---- the op --------------------------------------------------------------------------------
@@ -236,13 +337,11 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // instead was much slower (0.315 -> 0.368, two runs: the kernel waits for SMs the GEMMs hold).
   // Handing the scale_inv and the shard to the copy engines in one cudaMemcpyBatchAsync did
   // not help either (qkv fp8 TP4 0.305 -> 0.304 ms, te4096 fp8 TP4 0.222 -> 0.218: noise).
-  // Nor did torch async-TP's schedule, PULLS: each rank copies its shard into its own slot and
-  // announces it once to every peer (begin_op then waiting for all acknowledgements, as peers
-  // read our region), each peer pulls it on its own copy lanes and runs the chunk's GEMM after
-  // the pull by an event edge, no flag per chunk. Slower than the best push variant on all 24
-  // AG rows of the suite (one lane or one per peer, 1-2 compute lanes; ms): qkv fp8 TP4 0.304
-  // -> 0.373, te4096 fp8 TP4 0.223 -> 0.272, qkv bf16 TP2 0.980 -> 1.145, fc1 bf16 TP4 M 8192
-  // 2.819 -> 2.896.
+  // Pulls whose handshakes were stream memory operations (each rank announcing its shard
+  // once to every peer after begin_op's wait for all acknowledgements) were slower than the
+  // best push variant on all 24 AG rows of the suite (ms): qkv fp8 TP4 0.304 -> 0.373,
+  // te4096 fp8 TP4 0.223 -> 0.272, qkv bf16 TP2 0.980 -> 1.145, fc1 bf16 TP4 M 8192 2.819 ->
+  // 2.896. With handshake kernels they are config.pull_shards (NOTE [ag_gemm pulls]).
   const bool serial = config.staggered_puts;
   const int put_lanes = serial ? split : std::max(1, (n - 1) * split);
   const int own_lane = lanes_c + put_lanes;

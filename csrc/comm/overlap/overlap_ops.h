@@ -33,6 +33,11 @@ struct OverlapConfig {
   // about 1/(size-1) of the all-gather time, not at its end (NOTE [ag_gemm schedule]). The
   // Python op and initialize_ub default to it.
   bool staggered_puts = false;
+  // ag_gemm: each rank copies its shard into its own slot and the peers PULL it, after two
+  // handshakes (NOTE [handshakes] in transport.h) where every rank meets: no flag per chunk,
+  // the pulls on one copy lane in torch async-TP's order, each chunk's GEMMs after its pull
+  // (NOTE [ag_gemm pulls]). staggered_puts and put_split do not apply.
+  bool pull_shards = false;
   // gemm_rs_ring: sub-chunks each rank's chunk is split into, 1..kMaxRingSubchunks (NOTE
   // [gemm_rs_ring schedule]: with 1, every hop waits for the neighbour's whole GEMM).
   int ring_subchunks = 2;

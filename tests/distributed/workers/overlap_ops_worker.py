@@ -1,7 +1,7 @@
 """Comm-GEMM overlap ops against their references (plain collective + plain GEMM).
 
 Usage: overlap_ops_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, delayed, negative, timeout, timeout_ring.
+Scenarios: correctness, delayed, negative, timeout, timeout_pull, timeout_ring.
 
 On the host transport the GEMM is the float64-accurate reference, so the overlapped ops must
 match the references bit for bit (chunking rows does not change a row's value, and both sum
@@ -118,6 +118,7 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             ag.buffer.put_split = 1 + (trial + use_fp8) % 3  # copies per peer: same result
             ag.staggered_puts = trial % 2 == 0  # push order: same result
             ag.pieces = 1 + (trial + use_fp8) % 4  # pieces per peer shard (<= m): same result
+            ag.pull_shards = (trial + use_fp8) % 3 == 1  # pulled or pushed: same result
             x = rand(m, k, gen)
             w = rand(nout, k, gen, 0.1)
             xs = fp8(x, 8.0 * (1 + tp.rank)) if use_fp8 else x
@@ -270,6 +271,7 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
                 delay(0.04 * (i % 3))
             x = xs[i].clone()
             ag.pieces = 1 + i % 3  # several epochs per op (NOTE [ag_gemm pieces])
+            ag.pull_shards = i % 2 == 1  # pulls after pushes and back (NOTE [ag_gemm pulls])
             got_ag.append(ag(x, w).clone())
             got_two.append([y.clone() for y in ag(x, (w2, w))])  # two weights, one gather
             # Stream order: the op has read its input by now (its copy lanes joined back).
@@ -336,6 +338,9 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
         ag.pieces = 2 if tp.rank == 0 else 1  # pieces are part of the op record
         raises(StateError, "different sizes", lambda: ag(x, w))
         ag.pieces = 1
+        ag.pull_shards = tp.rank == 0  # so is the pull schedule
+        raises(StateError, "different sizes", lambda: ag(x, w))
+        ag.pull_shards = False
         rs.pieces = 3 if tp.rank == 0 else 2
         raises(StateError, "different sizes", lambda: rs(rand(n * m, k, gen), w))
         rs.pieces = 1
@@ -422,6 +427,14 @@ def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     ag.destroy()
 
 
+def timeout_pull(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """The same for AG+GEMM with pulls: on cuda its waits are a handshake kernel's (NOTE
+    [handshakes]), which the watchdog must release too."""
+    ag = AllGatherGemm(comm, tp.size * 4, 16, torch.bfloat16, pull_shards=True)
+    _absent_rank(tp, ag.buffer, "ag_gemm", lambda: ag(rand(4, 16, gen), rand(16, 16, gen)))
+    ag.destroy()
+
+
 def timeout_ring(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
     """The same for a ring GEMM+RS."""
     n = tp.size
@@ -458,6 +471,7 @@ def main() -> None:
         "delayed": delayed,
         "negative": negative,
         "timeout": timeout,
+        "timeout_pull": timeout_pull,
         "timeout_ring": timeout_ring,
     }[scenario](comm, tp, gen)
     comm.destroy()
