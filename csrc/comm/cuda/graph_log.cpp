@@ -191,6 +191,9 @@ void GraphLog::prepare_replay(CUgraph graph, CUgraphExec exec, cudaStream_t stre
     Span& s = spans_[i];
     s.buf->transport().order_ops(s.buf.get(), stream);  // NOTE [ops on several streams]
     delta[i] = s.buf->take_epochs(s.last - s.first + 1) + 1 - s.first;
+    // The replay's last op may have had peers read our region (pulls): the next eager op
+    // then waits for every acknowledgement (NOTE [deferred acknowledgements]).
+    s.buf->set_peers_read_last_op(true);
   }
   std::vector<Watchdog::Ticket> tickets(waits_.size());
   for (std::size_t w = 0; w < waits_.size(); ++w) {

@@ -51,7 +51,9 @@ class Ops:
         self.n, self.m, self.k, self.nout = n, 136, 256, 192  # m not a multiple of 128
         m, k, nout = self.m, self.k, self.nout
         self.ag = AllGatherGemm(comm, n * m, k, torch.bfloat16, compute_lanes=2)
-        self.ag8 = AllGatherGemm(comm, n * m, k, E4M3, pieces=3)  # 3 signals per peer
+        # Pulls (a captured handshake runs as memory operations, NOTE [handshakes]), FP8:
+        # the scale_invs travel as the handshake's words; 3 pulls per peer.
+        self.ag8 = AllGatherGemm(comm, n * m, k, E4M3, pieces=3, pull_shards=True)
         self.rs = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, compute_lanes=2, pieces=2)
         self.buf = comm.create_buffer(n * m * k * 2, "graphs-collectives")
         self.x = rand(m, k, gen=gen)
