@@ -1,11 +1,11 @@
 // The deadline of every stream-ordered wait of the cuda transport.
 //
 // NOTE [watchdog]: a cuda wait is a stream memory operation (cuStreamWaitValue64) that the GPU's
-// front end polls; it uses no SM and has no timeout of its own. Ahead of the wait the GPU
-// writes a sequence number into a "reached" marker in pinned host memory (once per op, NOTE
-// [one marker per op]), so the watchdog thread knows when the GPU actually got there (the
-// deadline counts from then, not from when the host enqueued the wait: a long GEMM ahead in
-// the stream is not a hang).
+// front end polls, or a handshake kernel's poll (NOTE [handshakes] in transport.h); neither
+// has a timeout of its own. Ahead of the wait the GPU writes a sequence number into a
+// "reached" marker in pinned host memory (once per op, NOTE [one marker per op]), so the
+// watchdog thread knows when the GPU actually got there (the deadline counts from then, not
+// from when the host enqueued the wait: a long GEMM ahead in the stream is not a hang).
 // A wait still unsatisfied `timeout_s` later is a timeout: the watchdog logs it at once (never
 // a silent hang), records it for raise_if_failed(), and releases EVERY pending wait of the
 // transport by storing the awaited value into its flag (flags live in host memory, NOTE
