@@ -148,8 +148,10 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // GEMM algorithm (the heuristic's, torch's, in the op: still 60). Free-running pulls from
 // r+1, r+2, r+3 in turn take 70-80 (ranks out of phase: two readers on one source), with a
 // barrier before each copy 65 (the barrier included), as do pulls from r+1 alone. Splitting
-// each pull over two or three copy lanes was slower (qkv FP8 0.37-0.44 ms). Still open: what
-// in our op slows a pull beside a GEMM.
+// each pull over two or three copy lanes was slower (qkv FP8 0.37-0.44 ms), and so was each
+// pull on its GEMM's compute lane (torch's stream placement: 0.315-0.326). Still open: what
+// in our op slows a pull beside a GEMM; not yet tried: the microbenchmark with a GEMM beside
+// AND the copies on a highest-priority stream (our lanes are), each tested alone.
 void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                     const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
                     const Pieces& pc, const OverlapConfig& config, std::uint64_t arg,
