@@ -3,9 +3,11 @@
 After a row is timed, its best variant and torch's op each run ``calls`` times back to back
 under ``torch.profiler`` (CUPTI activity records of every stream, the ops' side streams
 included), queued behind a GPU spin so that the host never paces them. Every rank's kernels
-and copies go onto one time axis in ``DIR/traces/<row>.txt`` (us from the rank's first
-activity after the spin; the spins end together, after a device-side barrier, so the ranks'
-origins agree to within that barrier's skew), under a per-call breakdown per rank: the
+and copies go onto one time axis in ``DIR/traces/<row>.txt``: each rank's times count from
+the end of the device-side barrier ahead of the spin (an NCCL all-reduce, which ends at about
+the same moment on every rank; each rank's own clock), so the ranks line up to within that
+barrier's skew even where a host queued its spin late and its calls start later; under a
+per-call breakdown per rank: the
 span, the time in kernels and in copies (they overlap each other), and the idle time (no
 kernel and no copy running). That is how a row that misses its target gets explained
 (DESIGN.md §6: "where a row misses, say why").
@@ -18,7 +20,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,15 @@ _KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 # The harness's spin kernel (torch.cuda._sleep), which queues the traced calls: it and
 # everything before it (the aligning barrier) are left out of the timeline.
 _SPIN_KERNEL = "spin_kernel"
+# The aligning barrier's kernels (benchmarks.common.device_barrier: an NCCL all-reduce).
+_BARRIER_KERNEL = "nccl"
 
 
 @dataclass(frozen=True)
 class Activity:
-    """One kernel or copy of one rank: start and duration in microseconds on that rank's
-    clock, the stream it ran on, its kind (kernel, memcpy or memset) and name."""
+    """One kernel or copy of one rank: start and duration in microseconds (the start on that
+    rank's clock, or counted from its aligning barrier's end, :func:`activities_of`), the
+    stream it ran on, its kind (kernel, memcpy or memset) and name."""
 
     rank: int
     start_us: float
@@ -50,7 +55,9 @@ class Activity:
 
 def activities_of(trace: Mapping[str, Any], rank: int) -> list[Activity]:
     """The GPU activities of a chrome trace (``torch.profiler``'s export) that start after the
-    harness's last spin kernel ended (all of them if there is none), in start order."""
+    harness's last spin kernel ended (all of them if there is none), in start order, their
+    times counted from the end of the aligning barrier (the last NCCL kernel that ended before
+    that spin started; without one, from the first of the activities)."""
     acts = []
     for e in trace.get("traceEvents", []):
         kind = _KINDS.get(e.get("cat", ""))
@@ -59,9 +66,17 @@ def activities_of(trace: Mapping[str, Any], rank: int) -> list[Activity]:
         stream = str(e.get("args", {}).get("stream", "?"))
         name = str(e.get("name", ""))
         acts.append(Activity(rank, float(e["ts"]), float(e.get("dur", 0.0)), stream, kind, name))
-    spins = [a.end_us for a in acts if a.kind == "kernel" and _SPIN_KERNEL in a.name]
-    after = max(spins, default=float("-inf"))
-    return sorted((a for a in acts if a.start_us >= after), key=lambda a: a.start_us)
+    spins = [a for a in acts if a.kind == "kernel" and _SPIN_KERNEL in a.name]
+    after = max((a.end_us for a in spins), default=float("-inf"))
+    kept = sorted((a for a in acts if a.start_us >= after), key=lambda a: a.start_us)
+    spin_start = max((a.start_us for a in spins), default=float("-inf"))
+    barrier = [
+        a.end_us
+        for a in acts
+        if a.kind == "kernel" and _BARRIER_KERNEL in a.name.lower() and a.end_us <= spin_start
+    ]
+    origin = max(barrier, default=kept[0].start_us if kept else 0.0)
+    return [replace(a, start_us=a.start_us - origin) for a in kept]
 
 
 def breakdown(acts: Sequence[Activity], calls: int) -> dict[str, float]:
@@ -94,7 +109,8 @@ def breakdown(acts: Sequence[Activity], calls: int) -> dict[str, float]:
 
 def timeline_text(label: str, traced: Mapping[str, Sequence[Activity]], calls: int) -> str:
     """The trace file of one row: per traced call a breakdown table (one line per rank),
-    then every rank's activities on one axis (us from the first activity of the call)."""
+    then every rank's activities on one axis (:func:`activities_of`'s times, shifted so that
+    the earliest activity of any rank is at 0)."""
     lines = [f"GPU timeline of {label}: {calls} calls back to back per traced call (us)"]
     for name, acts in traced.items():
         ranks = sorted({a.rank for a in acts})
@@ -121,10 +137,10 @@ def timeline_text(label: str, traced: Mapping[str, Sequence[Activity]], calls: i
                 "and that rank's per-call times are too low"
             )
         lines.append("")
-        t0 = {r: min(a.start_us for a in acts if a.rank == r) for r in ranks}
+        t0 = min((a.start_us for a in acts), default=0.0)
         lines.append(f"{'rank':>4} {'start':>9} {'dur':>8} {'end':>9}  stream  kind    name")
-        for a in sorted(acts, key=lambda a: (a.start_us - t0[a.rank], a.rank)):
-            s = a.start_us - t0[a.rank]
+        for a in sorted(acts, key=lambda a: (a.start_us, a.rank)):
+            s = a.start_us - t0
             lines.append(
                 f"{a.rank:>4} {s:9.1f} {a.dur_us:8.1f} {s + a.dur_us:9.1f}  {a.stream:>6}  "
                 f"{a.kind:<6}  {a.name[:90]}"

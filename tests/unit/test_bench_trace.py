@@ -27,15 +27,37 @@ def test_activities_start_after_the_harness_spin_and_exclude_cpu_events() -> Non
         ]
     }
     acts = activities_of(trace, rank=3)
+    # Times count from the aligning barrier's end (5.0).
     assert [(a.kind, a.start_us) for a in acts] == [
-        ("kernel", 2005.0),
-        ("memcpy", 2010.0),
-        ("memset", 2070.0),
+        ("kernel", 2000.0),
+        ("memcpy", 2005.0),
+        ("memset", 2065.0),
     ]
     assert all(a.rank == 3 for a in acts) and acts[1].stream == "9"
-    assert acts[0].end_us == 2060.0
-    # Without a spin kernel (another harness), every GPU activity counts.
-    assert len(activities_of({"traceEvents": trace["traceEvents"][2:]}, 0)) == 3
+    assert acts[0].end_us == 2055.0
+    # Without a spin kernel (another harness), every GPU activity counts, from the first.
+    rest = activities_of({"traceEvents": trace["traceEvents"][2:]}, 0)
+    assert [a.start_us for a in rest] == [0.0, 5.0, 65.0]
+
+
+def test_ranks_line_up_on_their_aligning_barriers() -> None:
+    """Rank 1's clock is 1000 us ahead and its host queued its spin 300 us late: counted from
+    each rank's barrier end, its first kernel starts 300 us after rank 0's on the axis."""
+
+    def trace(clock: float, spin_start: float) -> dict:
+        return {
+            "traceEvents": [
+                _event("kernel", "ncclDevKernel_AllReduce_Sum_f32", clock + 0.0, 10.0),
+                _event("kernel", "at::cuda::spin_kernel(long)", clock + spin_start, 2000.0),
+                _event("kernel", "handshake_kernel", clock + spin_start + 2000.0, 5.0),
+            ]
+        }
+
+    acts = activities_of(trace(0.0, 10.0), 0) + activities_of(trace(1000.0, 310.0), 1)
+    assert [(a.rank, a.start_us) for a in acts] == [(0, 2000.0), (1, 2300.0)]
+    text = timeline_text("x", {"ours": acts}, calls=1)
+    lines = [ln.split() for ln in text.splitlines() if ln.endswith("handshake_kernel")]
+    assert [ln[:2] for ln in lines] == [["0", "0.0"], ["1", "300.0"]]
 
 
 def test_breakdown_per_call_with_overlap_and_gaps() -> None:
@@ -56,11 +78,11 @@ def test_breakdown_per_call_with_overlap_and_gaps() -> None:
     assert breakdown([], calls=3) == dict.fromkeys(want, 0)
 
 
-def test_timeline_text_puts_every_rank_on_its_own_origin() -> None:
+def test_timeline_text_puts_every_rank_on_one_axis() -> None:
     acts = [
         Activity(0, 1000.0, 50.0, "7", "kernel", "gemm_a"),
-        Activity(1, 5000.0, 20.0, "9", "memcpy", "push"),
-        Activity(1, 5030.0, 50.0, "7", "kernel", "gemm_b"),
+        Activity(1, 1000.0, 20.0, "9", "memcpy", "push"),
+        Activity(1, 1030.0, 50.0, "7", "kernel", "gemm_b"),
     ]
     text = timeline_text("ag_gemm-qkv-M8192-tp2-fp8", {"ours pipeline/x": acts}, calls=1)
     assert text.startswith("GPU timeline of ag_gemm-qkv-M8192-tp2-fp8: 1 calls")
