@@ -334,9 +334,10 @@ register("gemm_rs", "pipeline", _rs_pipeline, grid(lanes=(1, 2), split=(1, 2)), 
 register("gemm_rs", "pipeline", _rs_pipeline, grid(lanes=(1, 2), split=(1,), pieces=(2,)))
 
 
-def _rs_ring(case: Case, *, lanes: int, subchunks: int) -> Runner:
+def _rs_ring(case: Case, *, lanes: int, subchunks: int, pull: bool = False) -> Runner:
     """:class:`~overlap.ops.GemmReduceScatter` with ``method="ring"``: running sums travel the
-    ring and are added by the GEMMs' beta = 1 epilogue (NOTE in ``gemm_rs_ring.cpp``)."""
+    ring and are added by the GEMMs' beta = 1 epilogue (NOTE in ``gemm_rs_ring.cpp``), pushed
+    on or pulled by the next rank (``pull_shards``, a setting: NOTE [gemm_rs_ring pulls])."""
     op = case.keep(
         ("rs_ring", lanes, subchunks),
         lambda: GemmReduceScatter(
@@ -349,10 +350,15 @@ def _rs_ring(case: Case, *, lanes: int, subchunks: int) -> Runner:
             ring_subchunks=subchunks,
         ),
     )
-    return lambda: op(case.a, case.w, out=case.out)
+
+    def run() -> object:
+        op.pull_shards = pull
+        return op(case.a, case.w, out=case.out)
+
+    return run
 
 
-register("gemm_rs", "ring", _rs_ring, grid(lanes=(1, 2), subchunks=(2, 4)))
+register("gemm_rs", "ring", _rs_ring, grid(lanes=(1, 2), subchunks=(2, 4), pull=(False, True)))
 
 
 def _bulk_ag(case: Case, *, serial: bool) -> Runner:

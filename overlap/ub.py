@@ -192,9 +192,11 @@ class GemmOverlapConfig:
             different buffers).
         staggered_puts: push the shard to one peer after the other (``RING_AG`` only; the
             default, as :class:`~overlap.ops.AllGatherGemm`'s).
-        pull_shards: the peers pull each rank's shard after two device-side handshakes
-            instead of it being pushed (``RING_AG`` only; NOTE [ag_gemm pulls]; ``put_split``
-            and ``staggered_puts`` then do not apply). Default False.
+        pull_shards: the peers pull what they need instead of it being pushed to them
+            (``RING_AG``: each rank's shard, after two device-side handshakes, NOTE [ag_gemm
+            pulls], ``put_split`` and ``staggered_puts`` then do not apply; ``RING_RS``: the
+            running sums, NOTE [gemm_rs_ring pulls]; ignored by the other methods). Default
+            False.
         pieces: pieces each chunk is split into, 1..4 (``RING_AG``: each peer's shard
             travels and is multiplied in pieces, NOTE [ag_gemm pieces]; ``PIPELINE_RS``: the
             chunks are computed, pulled and summed in rounds, NOTE [gemm_rs pieces]): for
@@ -549,6 +551,7 @@ class Userbuffers:
                 method="ring" if cfg.method is OverlapMethod.RING_RS else "pipelined",
                 ring_subchunks=cfg.ring_subchunks,
                 pieces=cfg.pieces if cfg.method is OverlapMethod.PIPELINE_RS else 1,
+                pull_shards=cfg.pull_shards and cfg.method is OverlapMethod.RING_RS,
                 name=name,
                 buffer=buffer,
             )

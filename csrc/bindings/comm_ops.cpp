@@ -190,7 +190,7 @@ void register_comm_ops(py::module_& m) {
          py::handle a_scale_inv, py::handle b_scale_inv, py::handle out_scale, py::handle out_amax,
          py::handle out_scale_inv, float alpha, bool fast_accum, int sm_count, int compute_lanes,
          int reduce_max_blocks, const std::string& method, int ring_subchunks, int pieces,
-         std::uintptr_t stream) {
+         bool pull_shards, std::uintptr_t stream) {
         constexpr const char* kOp = "gemm_rs";
         OVERLAP_CHECK(method == "pipelined" || method == "ring", kConfig,
                       kOp << ": method must be 'pipelined' or 'ring', got '" << method << "'");
@@ -208,6 +208,7 @@ void register_comm_ops(py::module_& m) {
         o.sm_count = sm_count;
         comm::OverlapConfig c = config(compute_lanes, reduce_max_blocks, false, pieces);
         c.ring_subchunks = ring_subchunks;
+        c.pull_shards = pull_shards;
         py::gil_scoped_release release;
         (method == "ring" ? comm::gemm_rs_ring : comm::gemm_rs)(buf, ao, bo, d, scale_inv, o, c,
                                                                 stream_from_py(stream));
@@ -218,7 +219,7 @@ void register_comm_ops(py::module_& m) {
       py::arg("out_scale_inv") = py::none(), py::arg("alpha") = 1.0f, py::arg("fast_accum") = false,
       py::arg("sm_count") = 0, py::arg("compute_lanes") = 1, py::arg("reduce_max_blocks") = 0,
       py::arg("method") = "pipelined", py::arg("ring_subchunks") = 2, py::arg("pieces") = 1,
-      py::arg("stream") = 0,
+      py::arg("pull_shards") = false, py::arg("stream") = 0,
       "out = ReduceScatter(a @ op(b)), pipelined (in pieces) or ring; see "
       "csrc/comm/overlap/overlap_ops.h.");
 }

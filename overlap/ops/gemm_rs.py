@@ -15,11 +15,12 @@ Two methods (:class:`RsMethod`), the same result up to rounding:
   GEMM.
 * ``"ring"``: each chunk's running sum travels the ring (rank ``c+1`` to ``c+2`` ... to its
   owner ``c``); every rank adds its partial with the GEMM's own ``beta = 1`` epilogue (fp32
-  inside the GEMM) and pushes the sum on by copy engine, in sub-chunks so that the transfers
-  hide behind the GEMMs. No reduction kernel (FP8 outputs: one cast of the final chunk). The
-  running sum is rounded to the partial dtype at every hop, so results differ from the
-  pipelined method's in the last bits (NOTE [gemm_rs_ring numerics] in
-  ``csrc/comm/overlap/gemm_rs_ring.cpp``, which also has the timeline).
+  inside the GEMM) and pushes the sum on by copy engine (or, with ``pull_shards``, the next
+  rank pulls it), in sub-chunks so that the transfers hide behind the GEMMs. No reduction
+  kernel (FP8 outputs: one cast of the final chunk). The running sum is rounded to the partial
+  dtype at every hop, so results differ from the pipelined method's in the last bits (NOTE
+  [gemm_rs_ring numerics] in ``csrc/comm/overlap/gemm_rs_ring.cpp``, which also has the
+  timeline).
 
 Stream contract: as :class:`~overlap.ops.AllGatherGemm` (the current stream of the input's
 device; no host synchronisation on cuda; synchronous on the host transport).
@@ -102,6 +103,11 @@ class GemmReduceScatter:
             the last round run beside the GEMMs, for GEMMs 1/pieces as tall. 1, the default,
             was the fastest on 4xH200 (NVSwitch) for every shape measured; more pieces are
             meant for links that a single peer's pull cannot fill.
+        pull_shards: ``"ring"`` only: each rank leaves its running sums in its own buffer
+            and the next rank pulls them (NOTE [gemm_rs_ring pulls]), instead of pushing them
+            to it. On 2xH200 this was the fastest method on 8 of the 12 TP 2 rows of the
+            benchmark suite (e.g. FP8 ``[8192, 4096] x [4096, 4096]``: 0.243 -> 0.221 ms);
+            default False. The pipelined method always pulls.
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
             least :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in
@@ -143,6 +149,7 @@ class GemmReduceScatter:
         method: RsMethod | str = RsMethod.PIPELINED,
         ring_subchunks: int = 2,
         pieces: int = 1,
+        pull_shards: bool = False,
         name: str = "gemm_rs",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
@@ -162,6 +169,13 @@ class GemmReduceScatter:
                 f"{_OP}: pieces apply to the pipelined method; the ring method pipelines its "
                 f"hops with ring_subchunks (got pieces={pieces})"
             )
+        if not isinstance(pull_shards, bool):
+            raise InvalidArgumentError(f"{_OP}: pull_shards must be True or False")
+        if pull_shards and self.method is not RsMethod.RING:
+            raise InvalidArgumentError(
+                f"{_OP}: pull_shards applies to the ring method (the pipelined method always pulls)"
+            )
+        self.pull_shards = pull_shards
         if str(out_dtype) not in HIGH_PRECISION and not is_fp8(out_dtype):
             raise InvalidArgumentError(
                 f"{_OP}: out_dtype must be bfloat16, float16, float32 or FP8, got {out_dtype}"
@@ -193,9 +207,9 @@ class GemmReduceScatter:
     ) -> torch.Tensor:
         """COLLECTIVE: this rank's rows of ``sum over ranks (alpha * x @ weight.T)``.
 
-        Every rank must use the same method (and ``ring_subchunks`` / ``pieces``) on a buffer:
-        a mismatch is reported as a collective mismatch (``StateError``) where the op records
-        catch it.
+        Every rank must use the same method (and ``ring_subchunks`` / ``pieces`` /
+        ``pull_shards``) on a buffer: a mismatch is reported as a collective mismatch
+        (``StateError``) where the op records catch it.
 
         Args:
             x: ``[M, K_shard]`` (unit column stride), bfloat16/float16/float32 or a per-tensor
@@ -254,6 +268,7 @@ class GemmReduceScatter:
             method=self.method.value,
             ring_subchunks=self.ring_subchunks,
             pieces=self.pieces,
+            pull_shards=self.pull_shards,
             **gemm_kwargs(
                 a,
                 (a_scale_inv, b_scale_inv),

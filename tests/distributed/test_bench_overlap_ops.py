@@ -95,7 +95,9 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
         "gemm_rs": {"pipeline/lanes1-split1", "pipeline/lanes2-split1",
                     "pipeline/lanes1-split1-pieces2", "pipeline/lanes2-split1-pieces2",
                     "ring/lanes1-subchunks2", "ring/lanes1-subchunks4",
-                    "ring/lanes2-subchunks2", "ring/lanes2-subchunks4"},
+                    "ring/lanes2-subchunks2", "ring/lanes2-subchunks4",
+                    "ring/lanes1-subchunks2-pull", "ring/lanes1-subchunks4-pull",
+                    "ring/lanes2-subchunks2-pull", "ring/lanes2-subchunks4-pull"},
     }  # fmt: skip
     for op, names in on_host.items():
         _check_rows([r for r in rows if r["op"] == op], names)
@@ -180,6 +182,8 @@ def test_full_suite_options_with_tp2_subgroups(tmp_path: Path) -> None:
             "pipeline/lanes2-split1-pieces2",
             "ring/lanes2-subchunks2",
             "ring/lanes2-subchunks4",
+            "ring/lanes2-subchunks2-pull",
+            "ring/lanes2-subchunks4-pull",
         },
     )
 

@@ -280,6 +280,7 @@ def test_registry_names_selection_and_a_new_method() -> None:
     assert "ag_gemm:pipeline/lanes2-split1-staggered" in names
     assert "gemm_rs:pipeline/lanes1-split2" in names
     assert "gemm_rs:ring/lanes2-subchunks4" in names
+    assert "gemm_rs:ring/lanes1-subchunks2-pull" in names
     calls = []
 
     def build(case: object, *, chunks: int, fast: bool) -> methods.Runner:

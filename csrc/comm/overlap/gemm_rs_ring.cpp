@@ -55,6 +55,9 @@ class RingPlan {
   }
 
   int subchunks() const { return k_; }
+  // Byte offset and size of sub-chunk k within a slot (or within the output).
+  std::size_t offset(int k) const { return part_bytes(lo(k)); }
+  std::size_t bytes(int k) const { return part_bytes(rows(k)); }
   const GemmRsLayout& layout() const { return l_; }
   // Rows [lo(k), lo(k + 1)) of a chunk form sub-chunk k.
   std::int64_t lo(int k) const { return s_.m * k / k_; }
@@ -73,6 +76,9 @@ class RingPlan {
   int out_slot(int s) const { return s == 0 ? 0 : s; }  // slot 1 + (s - 1)
   // The slot holding the final sum of an FP8 output (cast after the last step).
   int final_slot() const { return out_slot(n_ - 1); }
+
+  // Sub-chunk k's rows of the final output (non-FP8 outputs).
+  char* output_rows(int k) const { return static_cast<char*>(d_.data) + offset(k); }
 
   gemm::GemmOperand input(int s, int k) const {
     return detail::row_block(a_, chunk(s) * s_.m + lo(k), rows(k));
@@ -108,6 +114,136 @@ class RingPlan {
   bool fp8_out_ = false;
   GemmRsLayout l_;
 };
+
+// What both schedules issue with.
+struct RingIssue {
+  SymmetricBuffer& buf;
+  Transport& t;
+  const RingPlan& plan;
+  const gemm::GemmOperand& b;
+  const gemm::GemmOptions& options;
+  int lanes_c;
+  cudaStream_t stream;
+};
+
+// Takes the op's sub-epochs after begin_op's (NOTE [ring sub-epochs]).
+void take_ring_epochs(const RingIssue& x) {
+  for (std::uint64_t i = 1; i < gemm_rs_ring_epochs(x.buf.size()); ++i) {
+    x.t.note_op(x.buf, x.buf.next_epoch(), x.stream);
+  }
+}
+
+// NOTE [gemm_rs_ring schedule]: pushes.
+void ring_pushes(const RingIssue& x, std::uint64_t arg) {
+  SymmetricBuffer& buf = x.buf;
+  Transport& t = x.t;
+  const RingPlan& plan = x.plan;
+  const cudaStream_t stream = x.stream;
+  const int r = buf.rank();
+  const int n = buf.size();
+  const int sub = plan.subchunks();
+  // Pushes only: the GEMMs never wait for the peers' acknowledgements, the put lanes wait for
+  // the successor's before the first push (NOTE [deferred acknowledgements]).
+  const std::uint64_t epoch =
+      begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
+  take_ring_epochs(x);
+  const int next = (r + 1) % n;
+  const int prev = (r + n - 1) % n;
+  const int split = buf.put_split();
+  const int put_lane = x.lanes_c;           // .. put_lane + split - 1
+  const int copy_lane = x.lanes_c + split;  // the last step's copies into the output
+  t.fork(stream, x.lanes_c + split + 1);
+  wait_ack(buf, epoch, next, kOp, stream, put_lane);
+  for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane + p, put_lane);
+  // Host transport: program order. Rank r waits at step s for rank r-1's step s-1 only, which
+  // rank r-1 issues before it waits for anything of step s, so there is no cycle.
+  for (int s = 0; s < n; ++s) {
+    for (int k = 0; k < sub; ++k) {
+      const int q = s * sub + k;
+      const int lane = q % x.lanes_c;
+      const std::size_t offset = plan.offset(k);
+      const std::size_t bytes = plan.bytes(k);
+      if (s > 0) {  // piece (s - 1, k) of rank r-1 is in our receive slot of hop s - 1
+        const std::uint64_t piece = epoch + static_cast<std::uint64_t>((s - 1) * sub + k);
+        WaitContext ctx{kOp, r, prev, s, piece, buf.timeout_s()};
+        const char* recv = plan.slot(r, s) + offset;
+        if (plan.writes_output(s)) {
+          t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, copy_lane);
+          t.put(plan.output_rows(k), recv, bytes, stream, copy_lane);
+          t.lane_wait(stream, lane, copy_lane);
+        } else {
+          t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, lane);
+        }
+      }
+      t.gemm(plan.input(s, k), x.b, plan.output(s, k), plan.options(x.options, s), stream, lane);
+      if (s == n - 1) continue;
+      // Push the running sum on to rank r+1's receive slot of hop s, then announce it.
+      const char* src = plan.slot(r, plan.out_slot(s)) + offset;
+      char* dst = plan.slot(next, 1 + s) + offset;
+      const std::size_t slice = (bytes + split - 1) / split;
+      for (int p = 0; p < split; ++p) {
+        const std::size_t begin = std::min(bytes, p * slice);
+        t.lane_wait(stream, put_lane + p, lane);
+        t.put(dst + begin, src + begin, std::min(bytes - begin, slice), stream, put_lane + p);
+      }
+      for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane, put_lane + p);
+      t.signal(buf.flag(next, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(q), stream,
+               put_lane);
+    }
+  }
+  t.join(stream);
+}
+
+// NOTE [gemm_rs_ring pulls].
+void ring_pulls(const RingIssue& x, std::uint64_t arg) {
+  SymmetricBuffer& buf = x.buf;
+  Transport& t = x.t;
+  const RingPlan& plan = x.plan;
+  const cudaStream_t stream = x.stream;
+  const int r = buf.rank();
+  const int n = buf.size();
+  const int sub = plan.subchunks();
+  // The successor reads our slots: the GEMMs, which write them, wait for every acknowledgement
+  // of the previous op, exchanged in one handshake (the SMs are idle there).
+  const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream,
+                                       OpAccess{/*pushes_only=*/false, /*handshake=*/true});
+  take_ring_epochs(x);
+  const int next = (r + 1) % n;
+  const int prev = (r + n - 1) % n;
+  const int pull_lane = x.lanes_c;
+  // With several compute lanes the announcements go through one lane, in order: a flag's
+  // value must only grow with pieces that have all landed (NOTE [ring sub-epochs]).
+  const bool signal_lane = x.lanes_c > 1;
+  const int sig_lane = x.lanes_c + 1;
+  t.fork(stream, x.lanes_c + (signal_lane ? 2 : 1));
+  // Host transport: program order, as for the pushes (rank r waits at step s for rank r-1's
+  // announcement of step s-1, which rank r-1 makes before it waits for anything of step s).
+  for (int s = 0; s < n; ++s) {
+    for (int k = 0; k < sub; ++k) {
+      const int q = s * sub + k;
+      const int lane = q % x.lanes_c;
+      if (s > 0) {  // rank r-1 left piece (s - 1, k) of its running sum in its slot
+        const std::uint64_t piece = epoch + static_cast<std::uint64_t>((s - 1) * sub + k);
+        WaitContext ctx{kOp, r, prev, s, piece, buf.timeout_s()};
+        char* dst = plan.writes_output(s) ? plan.output_rows(k) : plan.slot(r, s) + plan.offset(k);
+        t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, pull_lane);
+        t.put(dst, plan.slot(prev, plan.out_slot(s - 1)) + plan.offset(k), plan.bytes(k), stream,
+              pull_lane);
+        t.lane_wait(stream, lane, pull_lane);
+      }
+      t.gemm(plan.input(s, k), x.b, plan.output(s, k), plan.options(x.options, s), stream, lane);
+      if (s == n - 1) continue;
+      int announce = lane;
+      if (signal_lane) {
+        t.lane_wait(stream, sig_lane, lane);
+        announce = sig_lane;
+      }
+      t.signal(buf.flag(next, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(q), stream,
+               announce);
+    }
+  }
+  t.join(stream);
+}
 
 }  // namespace
 
@@ -147,6 +283,37 @@ class RingPlan {
 // lanes wait for that acknowledgement of rank r+1 before the first push; the GEMMs, which
 // write only this rank's region, do not wait for any (NOTE [deferred acknowledgements]).
 //
+// NOTE [gemm_rs_ring pulls] (config.pull_shards): the same ring and sub-chunks, but each rank
+// leaves the running sum of step s in its own slot (slot 0 at step 0, else the slot it
+// accumulated in) and announces each piece with the flag r -> r+1 right after the piece's
+// GEMM; rank r+1 waits for that flag on its pull lane, copies the piece from rank r's slot
+// into its receive slot of hop s (at the last step of a non-FP8 output: straight into the
+// output rows, so the push schedule's extra local copy goes), and its GEMM of step s+1 waits
+// for the pull by an event edge. The flag carries the sub-epoch of the piece (NOTE [ring
+// sub-epochs]); with several compute lanes the announcements go through one signal lane, in
+// order, so that a flag's value never passes a piece that has not been written. Because peers
+// read our slots, the GEMMs (which write them) must wait for every acknowledgement of the
+// previous op: begin_op exchanges them in one handshake kernel (NOTE [handshakes]) while the
+// SMs are idle. Timeline of rank r (S = 2, one compute lane; "in" = the pulled piece):
+//
+// clang-format off
+//   c0    | begin_op: handshake | G(0,0) | sig | G(0,1) | sig | in G(1,0) | sig | in G(1,1) | ... | join
+//   pull  |                     | wait (0,0) of r-1 | pull (0,0) | wait (0,1) | pull (0,1) | ...
+// clang-format on
+//
+// Why: a push is announced by a signal on the put lane after the copy, and on 2xH200 (CUPTI
+// timeline of FP8 [8192, 4096] x [4096, 4096], TP 2, S = 4) the piece's GEMM on the receiving
+// rank started ~21 us after the push ended (the signal's memory barrier behind the copy, the
+// wait, then the copy into the output), and each push started 12-19 us after its GEMM. A
+// signal right after a GEMM on the compute lane is seen by the peer's waiting pull lane within
+// ~3 us (the pipelined gemm_rs's timelines), so a piece is ready about one copy after its
+// GEMM. Measured on 2xH200, TP 2 (benchmarks.overlap_ops --full, one run, 2026-11-22, ms,
+// best push ring -> best pull ring, best pipelined beside): FP8 te4096 0.243 -> 0.221 (0.235),
+// proj M 8192 0.450 -> 0.423 (0.437), proj M 16384 0.870 -> 0.790 (0.871), fc2 M 16384
+// 2.877 -> 2.793 (2.892); bf16 proj M 8192 0.779 -> 0.765. The pulls were the fastest method
+// on 8 of the 12 GEMM+RS rows; slower on fc2 M 8192 (bf16 2.638 -> 2.786) and proj bf16 M
+// 16384 (1.570 -> 1.596). Not yet measured at TP 4.
+//
 // NOTE [gemm_rs_ring numerics]: chunk c's result is (((p_{c+1} + p_{c+2}) + ...) + p_c), summed
 // in ring order from rank c+1 (so the order differs per chunk, deterministically). Each GEMM
 // accumulates its product in fp32 (cuBLASLt; FP8 with fast_accum as configured; float64 on the
@@ -177,67 +344,20 @@ void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::
       gemm::validate_gemm(plan.input(s, k), b, plan.output(s, k), plan.options(options, s), target);
     }
   }
-  const int lanes_c = config.compute_lanes;
-  const int split = buf.put_split();
   std::uint64_t arg = kRingTag;
   for (std::uint64_t v : {std::uint64_t(a.rows), std::uint64_t(a.cols), std::uint64_t(shape.cols),
-                          std::uint64_t(a.dtype), std::uint64_t(d.dtype), std::uint64_t(sub)}) {
+                          std::uint64_t(a.dtype), std::uint64_t(d.dtype), std::uint64_t(sub),
+                          std::uint64_t(config.pull_shards)}) {
     arg = mix_arg(arg, v);
   }
 
   // ---- the op --------------------------------------------------------------------------------
-  // Pushes only: the GEMMs never wait for the peers' acknowledgements, the put lanes wait for
-  // the successor's before the first push (NOTE [deferred acknowledgements]).
-  const std::uint64_t epoch =
-      begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
-  for (std::uint64_t i = 1; i < gemm_rs_ring_epochs(n); ++i) {  // NOTE [ring sub-epochs]
-    t.note_op(buf, buf.next_epoch(), stream);
+  const RingIssue issue{buf, t, plan, b, options, config.compute_lanes, stream};
+  if (config.pull_shards) {
+    ring_pulls(issue, arg);
+  } else {
+    ring_pushes(issue, arg);
   }
-  const int next = (r + 1) % n;
-  const int prev = (r + n - 1) % n;
-  const int put_lane = lanes_c;           // .. put_lane + split - 1
-  const int copy_lane = lanes_c + split;  // the last step's copies into the output
-  t.fork(stream, lanes_c + split + 1);
-  wait_ack(buf, epoch, next, kOp, stream, put_lane);
-  for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane + p, put_lane);
-  const std::size_t row_bytes = plan.part_bytes(1);
-  // Host transport: program order. Rank r waits at step s for rank r-1's step s-1 only, which
-  // rank r-1 issues before it waits for anything of step s, so there is no cycle.
-  for (int s = 0; s < n; ++s) {
-    for (int k = 0; k < sub; ++k) {
-      const int q = s * sub + k;
-      const int lane = q % lanes_c;
-      const std::size_t offset = static_cast<std::size_t>(plan.lo(k)) * row_bytes;
-      const std::size_t bytes = plan.part_bytes(plan.rows(k));
-      if (s > 0) {  // piece (s - 1, k) of rank r-1 is in our receive slot of hop s - 1
-        const std::uint64_t piece = epoch + static_cast<std::uint64_t>((s - 1) * sub + k);
-        WaitContext ctx{kOp, r, prev, s, piece, buf.timeout_s()};
-        const char* recv = plan.slot(r, s) + offset;
-        if (plan.writes_output(s)) {
-          t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, copy_lane);
-          t.put(static_cast<char*>(d.data) + offset, recv, bytes, stream, copy_lane);
-          t.lane_wait(stream, lane, copy_lane);
-        } else {
-          t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, lane);
-        }
-      }
-      t.gemm(plan.input(s, k), b, plan.output(s, k), plan.options(options, s), stream, lane);
-      if (s == n - 1) continue;
-      // Push the running sum on to rank r+1's receive slot of hop s, then announce it.
-      const char* src = plan.slot(r, plan.out_slot(s)) + offset;
-      char* dst = plan.slot(next, 1 + s) + offset;
-      const std::size_t slice = (bytes + split - 1) / split;
-      for (int p = 0; p < split; ++p) {
-        const std::size_t begin = std::min(bytes, p * slice);
-        t.lane_wait(stream, put_lane + p, lane);
-        t.put(dst + begin, src + begin, std::min(bytes - begin, slice), stream, put_lane + p);
-      }
-      for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane, put_lane + p);
-      t.signal(buf.flag(next, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(q), stream,
-               put_lane);
-    }
-  }
-  t.join(stream);
   if (dtype_is_fp8(d.dtype)) {  // the final running sum, cast with scale / scale_inv / amax
     const void* input = plan.slot(r, plan.final_slot());
     t.reduce(d.data, &input, 1, static_cast<std::size_t>(shape.m * shape.cols), shape.partial,

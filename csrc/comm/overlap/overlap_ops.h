@@ -37,6 +37,9 @@ struct OverlapConfig {
   // handshakes (NOTE [handshakes] in transport.h) where every rank meets: no flag per chunk,
   // the pulls on one copy lane in torch async-TP's order, each chunk's GEMMs after its pull
   // (NOTE [ag_gemm pulls]). staggered_puts and put_split do not apply.
+  // gemm_rs_ring: each rank leaves its running sums in its own slots and its successor pulls
+  // them, announced by one flag per piece (NOTE [gemm_rs_ring pulls]); put_split does not
+  // apply. The pipelined gemm_rs always pulls and ignores it.
   bool pull_shards = false;
   // gemm_rs_ring: sub-chunks each rank's chunk is split into, 1..kMaxRingSubchunks (NOTE
   // [gemm_rs_ring schedule]: with 1, every hop waits for the neighbour's whole GEMM).
@@ -203,8 +206,9 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
 // NOTE [gemm_rs_ring layout]: each rank's region holds `size` slots of one [m, n] partial (of
 // gemm_rs_partial_dtype), 256-byte aligned: slot 0 is the send slot (this rank's first
 // partial, computed from scratch), slot 1 + i the receive slot of hop i (the running sum its
-// ring predecessor pushes at step i; this rank adds its own partial into it in place and
-// pushes it on). One slot per hop, none reused within an op: half the pipelined layout.
+// ring predecessor pushes at step i, or this rank pulls from the predecessor's slot of that
+// step with pull_shards; this rank adds its own partial into it in place and passes it on).
+// One slot per hop, none reused within an op: half the pipelined layout.
 GemmRsLayout gemm_rs_ring_layout(int size, std::size_t partial_bytes);
 
 // Epochs a gemm_rs_ring op takes on its buffer (NOTE [ring sub-epochs] in gemm_rs_ring.cpp):
@@ -215,7 +219,8 @@ std::uint64_t gemm_rs_ring_epochs(int size);
 // each chunk travels the ring and every rank adds its partial with the GEMM's own beta = 1
 // epilogue, so there is no reduction kernel (FP8 outputs: one cast of the final chunk, with
 // scale and amax). Partial sums are rounded to the partial dtype at each hop (NOTE
-// [gemm_rs_ring numerics]). config.ring_subchunks pipelines each hop.
+// [gemm_rs_ring numerics]). config.ring_subchunks pipelines each hop; config.pull_shards has
+// each running sum pulled by the next rank instead of pushed to it (NOTE [gemm_rs_ring pulls]).
 void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
                   const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
                   const OverlapConfig& config, cudaStream_t stream);

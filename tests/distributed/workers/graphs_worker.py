@@ -55,6 +55,10 @@ class Ops:
         # the scale_invs travel as the handshake's words; 3 pulls per peer.
         self.ag8 = AllGatherGemm(comm, n * m, k, E4M3, pieces=3, pull_shards=True)
         self.rs = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, compute_lanes=2, pieces=2)
+        # The ring with pulls: a handshake in begin_op, then one flag per piece.
+        self.ring = GemmReduceScatter(
+            comm, n * m, nout, torch.bfloat16, compute_lanes=2, method="ring", pull_shards=True
+        )
         self.buf = comm.create_buffer(n * m * k * 2, "graphs-collectives")
         self.x = rand(m, k, gen=gen)
         self.x8 = fp8(rand(m, k, gen=gen), 8.0 * (1 + tp.rank))
@@ -64,6 +68,7 @@ class Ops:
         self.z = rand(n * m, nout, gen=gen)
         self.gather_out = torch.empty(n * m, k, dtype=torch.bfloat16, device=DEVICE)
         self.rs_out = torch.empty(m, nout, dtype=torch.bfloat16, device=DEVICE)
+        self.ring_out = torch.empty(m, nout, dtype=torch.bfloat16, device=DEVICE)
 
     def run(self) -> dict[str, torch.Tensor]:
         """Every op once (eagerly or into a capture)."""
@@ -71,6 +76,7 @@ class Ops:
             "ag": self.ag(self.x, self.w),
             "ag8": self.ag8(self.x8, self.w8),
             "rs": self.rs(self.y, self.w),
+            "ring": self.ring(self.y, self.w, out=self.ring_out),
             "all_gather": self.buf.all_gather(self.x, self.gather_out),
             "reduce_scatter": self.buf.reduce_scatter(self.z, self.rs_out),
         }
@@ -89,7 +95,9 @@ class Ops:
         assert torch.equal(
             self.ag8.gathered_scale_invs(), all_gather_rows(self.x8.rowwise_scale_inv.reshape(1), g)
         ), what
-        close(got["rs"], gemm_reduce_scatter_reference(self.y, self.w, group=g), f"{what} rs")
+        want_rs = gemm_reduce_scatter_reference(self.y, self.w, group=g)
+        close(got["rs"], want_rs, f"{what} rs")
+        close(got["ring"], want_rs, f"{what} ring (pulls)", 2e-2)
         assert torch.equal(got["all_gather"], all_gather_rows(self.x, g)), f"{what} all_gather"
         want = self.z.float()
         torch.distributed.all_reduce(want, group=g)
@@ -97,7 +105,7 @@ class Ops:
         close(got["reduce_scatter"], mine, f"{what} reduce_scatter")
 
     def destroy(self) -> None:
-        for op in (self.ag, self.ag8, self.rs, self.buf):
+        for op in (self.ag, self.ag8, self.rs, self.ring, self.buf):
             op.destroy()
 
 
@@ -108,8 +116,10 @@ def replay(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None
     with graph.capture():
         captured = ops.run()
     # Epochs: one per collective, kPieceEpochs (5) per AG+GEMM and GEMM+RS (NOTE [ag_gemm
-    # pieces]); all_gather's copy-out is not an op.
-    assert graph.ops == 2 + 3 * 5, graph.ops
+    # pieces]), 4 (n - 1) made odd per ring GEMM+RS (NOTE [ring sub-epochs]); all_gather's
+    # copy-out is not an op.
+    ring = 4 * (tp.size - 1) + 1 - (4 * (tp.size - 1)) % 2
+    assert graph.ops == 2 + 3 * 5 + ring, graph.ops
     slow = tp.size - 1
     for i in range(4):
         ops.refill(gen)

@@ -140,9 +140,13 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             ag.destroy()
             # ---- GEMM -> RS, both methods ----
             outs = (torch.bfloat16, E4M3) if use_fp8 else (torch.bfloat16, torch.float32)
-            for out_dtype in outs:
+            for j, out_dtype in enumerate(outs):
+                # The ring pushes or pulls (same result): pulls with an FP8 or float32 output
+                # in even trials, with a bfloat16 one in odd trials.
+                pull = (trial + j) % 2 == 1
                 for method in ("pipelined", "ring"):
-                    gemm_rs_case(comm, tp, gen, (trial, m, k, nout), (use_fp8, out_dtype, method))
+                    kind = (use_fp8, out_dtype, method, pull and method == "ring")
+                    gemm_rs_case(comm, tp, gen, (trial, m, k, nout), kind)
 
 
 def several_weights(
@@ -180,16 +184,16 @@ def gemm_rs_case(
     tp: TorchBootstrap,
     gen: torch.Generator,
     shape: tuple[int, int, int, int],
-    kind: tuple[bool, torch.dtype, str],
+    kind: tuple[bool, torch.dtype, str, bool],
 ) -> None:
     """One GEMM+RS call against the reference (exact on the host for the pipelined method,
     within the ring's rounding bound for the ring)."""
     group, n = tp.group, tp.size
     trial, m, k, nout = shape
-    use_fp8, out_dtype, method = kind
+    use_fp8, out_dtype, method, pull = kind
     rows = n * m
     lanes = 1 + trial % 2
-    what = f"gemm_rs {method} trial {trial} fp8={use_fp8} out={out_dtype}"
+    what = f"gemm_rs {method} trial {trial} fp8={use_fp8} out={out_dtype} pull={pull}"
     rs = GemmReduceScatter(
         comm,
         rows + n * trial,
@@ -200,6 +204,7 @@ def gemm_rs_case(
         ring_subchunks=1 + trial % 4,
         # Rounds of pieces (<= m) per chunk: the same result, the amax over every piece.
         pieces=1 + (trial + use_fp8) % 4 if method == "pipelined" else 1,
+        pull_shards=pull,
     )
     rs.buffer.put_split = 1 + trial % 3
     x = rand(rows, k, gen)
@@ -284,7 +289,10 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
             got_rs.append(rs(y, w).clone())
             y.fill_(POISON)
             ring.ring_subchunks = 1 + i % 3
+            ring.compute_lanes = 1 + i // 3  # two lanes: the pulls' signal lane
             for j, z_in in enumerate(zs[i]):
+                # Pushes and pulls back to back (NOTE [gemm_rs_ring pulls]).
+                ring.pull_shards = (i + j) % 2 == 1
                 if tp.rank == (slow + j) % tp.size:
                     delay(0.02 * (1 + i % 2))
                 z = z_in.clone()
@@ -380,9 +388,17 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
         "needs out_scale",
         lambda: _fp8_rs_without_scale(comm, n, k, gen, "ring"),
     )
+    raises(
+        InvalidArgumentError,
+        "pull_shards applies to the ring method",
+        lambda: GemmReduceScatter(comm, n, 16, torch.bfloat16, pull_shards=True),
+    )
     if DEVICE.type == "cpu":  # op records: best effort on cuda
         mixed = ring if tp.rank == 0 else rs
         raises(StateError, "collective mismatch", lambda: mixed(y, w))
+        ring.pull_shards = tp.rank == 0  # one rank pulls, the others push
+        raises(StateError, "different sizes", lambda: ring(y, w))
+        ring.pull_shards = False
     # Still usable, with matching results.
     want, _ = all_gather_gemm_reference(x, w, group=tp.group)
     close(ag(x, w), want, "ag_gemm after rejected calls")
