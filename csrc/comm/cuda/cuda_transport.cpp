@@ -190,23 +190,19 @@ class CudaTransport final : public Transport {
             cudaStream_t stream, int lane) override {
     DeviceGuard guard(device_);
     CUstream s = lanes_.stream(stream, lane);
-    cuda::Watchdog::Ticket ticket;
-    bool write_marker = true;
     if (std::shared_ptr<cuda::GraphLog> log = cuda::graph_log_for(s)) {
       // Captured: always enqueued (a replay's peers start from scratch), with a placeholder
       // marker that every replay re-arms (NOTE [graph capture]).
-      ticket = watchdog_->reserve();
+      const cuda::Watchdog::Ticket ticket = watchdog_->reserve();
       log->note_wait(watchdog_, ticket, flag, value, ctx);
+      write_marker_value(s, ticket);
     } else {
       // Already satisfied (the peer is ahead): nothing to enqueue. Flags only grow.
       if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
-      // NOTE [one marker per op]: reached when the op's marker (op_begun) is written.
       std::lock_guard<std::mutex> lock(marks_mu_);
-      const auto mark = op_marks_.find(stream);
-      write_marker = mark == op_marks_.end();
-      ticket = watchdog_->arm(flag, value, ctx, write_marker ? nullptr : &mark->second);
+      cuda::Watchdog::Ticket own{};
+      watchdog_->arm(flag, value, ctx, reached_marker(stream, s, own));
     }
-    if (write_marker) write_marker_value(s, ticket);
     OVERLAP_CHECK_CU(
         driver().cuStreamWaitValue64(s, device_ptr(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
   }
@@ -242,16 +238,11 @@ class CudaTransport final : public Transport {
     for (std::uint64_t* flag : h.signals) p.signals[p.num_signals++] = flag;
     {
       std::lock_guard<std::mutex> lock(marks_mu_);
-      const auto mark = op_marks_.find(stream);
       cuda::Watchdog::Ticket own{};
-      const cuda::Watchdog::Ticket* reached = mark == op_marks_.end() ? nullptr : &mark->second;
+      const cuda::Watchdog::Ticket* reached = nullptr;  // only if the kernel waits at all
       for (const FlagWait& w : h.waits) {
         if (__atomic_load_n(w.flag, __ATOMIC_ACQUIRE) >= w.value) continue;  // flags only grow
-        if (reached == nullptr) {  // outside an op: a marker of its own, before the kernel
-          own = watchdog_->reserve();
-          write_marker_value(s, own);
-          reached = &own;
-        }
+        if (reached == nullptr) reached = reached_marker(stream, s, own);
         watchdog_->arm(w.flag, w.value, w.ctx, reached);
         p.waits[p.num_waits] = w.flag;
         p.wait_values[p.num_waits++] = w.value;
@@ -302,6 +293,18 @@ class CudaTransport final : public Transport {
     if (std::shared_ptr<cuda::GraphLog> log = cuda::graph_log_for(stream)) {
       log->note_op(buf.shared_from_this(), epoch);
     }
+  }
+
+  // NOTE [one marker per op] (watchdog.h): the marker by which a wait about to be enqueued on
+  // lane stream `s` of `stream` counts as reached: the op's (op_begun), or else one of its own,
+  // `own`, written on `s` now, ahead of the wait. Called with marks_mu_ held.
+  const cuda::Watchdog::Ticket* reached_marker(cudaStream_t stream, CUstream s,
+                                               cuda::Watchdog::Ticket& own) {
+    const auto mark = op_marks_.find(stream);
+    if (mark != op_marks_.end()) return &mark->second;
+    own = watchdog_->reserve();
+    write_marker_value(s, own);
+    return &own;
   }
 
   // NOTE [one marker per op] (watchdog.h): the op's marker, which its waits share, written
