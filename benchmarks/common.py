@@ -60,6 +60,7 @@ def time_op(
     iters: int = 20,
     queued: bool = False,
     align: Callable[[], object] | None = None,
+    host_ms: list[float] | None = None,
 ) -> float:
     """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs.
 
@@ -74,7 +75,9 @@ def time_op(
     (with ``queued``; e.g. :func:`device_barrier`) is enqueued ahead of the spin: a
     device-side barrier across the ranks, so that every rank's spin ends at about the same
     time. The first call after the spin may pay for links that went idle during it; the
-    median of the samples leaves it out.
+    median of the samples leaves it out. ``host_ms`` (when given) receives the host's time to
+    enqueue one call (ms, the median of the warm-up calls after the first): where it exceeds
+    the GPU time, a caller that does not capture the calls into a CUDA graph is host-bound.
     """
     host = [0.0]
     for _ in range(warmup):
@@ -82,6 +85,8 @@ def time_op(
         fn()
         host.append(time.perf_counter() - t0)
     host_s = statistics.median(host[1:] or host)  # seconds the host takes to enqueue one call
+    if host_ms is not None:
+        host_ms.append(host_s * 1e3)
     samples = []
     if cuda and queued:
         import torch

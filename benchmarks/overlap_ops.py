@@ -29,6 +29,12 @@ the host's enqueueing is hidden, as in a training step whose host runs ahead of 
 enqueueing where that is longer than the GPU's start (benchmarks/common.py; the JSON records
 which).
 
+NOTE [host-bound rows]: on GPUs every call's host enqueue time is measured too (the median of
+its warm-up calls, max over ranks): ``host`` in the table (the best variant's), and
+``host_ms_by_variant`` / ``host_ms_torch`` in the JSON. Where it exceeds the GPU time of the
+call, a training step that issues the op eagerly (no CUDA graph) is bound by the host, not by
+the GPU, whatever ``--timing gpu`` reports; the summary counts those rows for us and for torch.
+
 Shapes (Llama-3-70B-like, hidden 8192, FFN 28672, GQA QKV 10240):
 
 * quick (default, seconds): M = 8192 at TP = world size: fc1 bf16, qkv fp8 (AG+GEMM), fc2
@@ -419,13 +425,14 @@ def build_variants(
 @dataclass(frozen=True)
 class RowRun:
     """What every row runs with: the TP group (communicator and ProcessGroup), the variants,
-    the transport and the timer (ms of a callable, max over ranks)."""
+    the transport and the timer (``timer(call, host)``: ms of a callable, max over ranks; on
+    GPUs it appends the host's enqueue ms per call, max over ranks, to the list ``host``)."""
 
     comm: Communicator
     group: Any
     variants: Sequence[Variant]
     cuda: bool
-    timer: Callable[[Callable[[], object]], float]
+    timer: Callable[[Callable[[], object], list[float]], float]
     passes: int = 1
     tracer: Tracer | None = None
 
@@ -437,7 +444,7 @@ def bench_row(
     variants: Sequence[Variant],
     *,
     cuda: bool,
-    timer: Callable[[Callable[[], object]], float],
+    timer: Callable[[Callable[[], object], list[float]], float],
     passes: int = 1,
     tracer: Tracer | None = None,
 ) -> dict[str, Any]:
@@ -499,7 +506,9 @@ def _time_row(
 ) -> None:
     """Builds the row's variants, then times ``calls`` (into ``out`` under their names), every
     variant (``T_ours_by_variant``) and ``torch_call`` (``T_torch``; None: not timed) in
-    passes (NOTE [timing passes]; each pass's times in ``pass_times``); with the run's
+    passes (NOTE [timing passes]; each pass's times in ``pass_times``), with the host's
+    enqueue time per call of each variant and of torch's op where the timer measures it
+    (``host_ms_by_variant``, ``host_ms_torch``: medians over the passes); with the run's
     tracer, traces the fastest variant and ``torch_call`` (``trace``); releases the case's
     objects."""
     try:
@@ -508,7 +517,13 @@ def _time_row(
         if torch_call is not None:
             timed["T_torch"] = torch_call
         out["pass_times"] = {}
-        times = time_in_passes(timed, run.timer, run.passes, out["pass_times"])
+        host: dict[str, list[float]] = {name: [] for name in timed}
+        times = time_in_passes(
+            {name: name for name in timed},  # the timer looks the call up by its name
+            lambda name: run.timer(timed[name], host[name]),
+            run.passes,
+            out["pass_times"],
+        )
         if run.tracer is not None:
             traced = {}
             if built:
@@ -522,6 +537,11 @@ def _time_row(
     out.update({name: times[name] for name in calls})
     out["T_ours_by_variant"] = {name: times[f"variant {name}"] for name in built}
     out["T_torch"] = times.get("T_torch")
+    med = {name: statistics.median(ms) for name, ms in host.items() if ms}
+    out["host_ms_by_variant"] = {
+        name: med[f"variant {name}"] for name in built if f"variant {name}" in med
+    }
+    out["host_ms_torch"] = med.get("T_torch")
 
 
 def _row_shape(row: dict[str, Any], comm: Communicator) -> tuple[int, bool, int, int, int]:
@@ -600,6 +620,7 @@ def add_metrics(row: dict[str, Any]) -> dict[str, Any]:
     best = min(variants, key=variants.get) if variants else None
     row["best_variant"] = best
     row["T_ours"] = variants[best] if best else None
+    row["host_ms"] = (row.get("host_ms_by_variant") or {}).get(best)
     row["floor"] = floor = max(row["T_gemm"], row["T_comm"])
     ours = row["T_ours"]
     gain = row["T_seq"] - row["T_gemm"]
@@ -620,6 +641,10 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ratios = [r["ours_over_floor"] for r in rows if r.get("ours_over_floor") is not None]
     torch_rows = [r for r in rows if r.get("vs_torch") is not None]
     te_rows = [r for r in rows if r.get("vs_te") is not None]
+    host_rows = [r for r in rows if r.get("host_ms") is not None and r["T_ours"] is not None]
+    torch_host = [
+        r for r in rows if r.get("host_ms_torch") is not None and r.get("T_torch") is not None
+    ]
     return {
         "rows": len(rows),
         "rows_timed": len(ratios),
@@ -632,6 +657,11 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "rows_faster_than_torch": sum(r["vs_torch"] < 1 for r in torch_rows),
         "rows_with_te_ref": len(te_rows),
         "rows_faster_than_te_ref": sum(r["vs_te"] < 1 for r in te_rows),
+        # NOTE [host-bound rows]: enqueueing a call takes the host longer than the GPU's time
+        "rows_with_host_time": len(host_rows),
+        "rows_host_bound": sum(r["host_ms"] > r["T_ours"] for r in host_rows),
+        "rows_with_torch_host_time": len(torch_host),
+        "rows_torch_host_bound": sum(r["host_ms_torch"] > r["T_torch"] for r in torch_host),
     }
 
 
@@ -646,13 +676,21 @@ def summary_line(s: dict[str, Any], *, bulk: bool = False) -> str:
         f"{s['median_target']:.2f}), worst {'-' if worst is None else f'{worst:.3f}'}; faster "
     )
     if bulk:
-        return line + (
-            f"than NCCL on a side stream: {s['rows_faster_than_torch']}/{s['rows_with_torch']}"
+        line += f"than NCCL on a side stream: {s['rows_faster_than_torch']}/{s['rows_with_torch']}"
+    else:
+        line += (
+            f"than torch async-TP: {s['rows_faster_than_torch']}/{s['rows_with_torch']}; "
+            f"faster than TE best (4xH200 reference): "
+            f"{s['rows_faster_than_te_ref']}/{s['rows_with_te_ref']}"
         )
-    return line + (
-        f"than torch async-TP: {s['rows_faster_than_torch']}/{s['rows_with_torch']}; faster "
-        f"than TE best (4xH200 reference): {s['rows_faster_than_te_ref']}/{s['rows_with_te_ref']}"
-    )
+    if s.get("rows_with_host_time"):  # NOTE [host-bound rows]
+        other = "NCCL" if bulk else "torch"
+        line += (
+            f"; host-bound (enqueue > GPU time): ours {s['rows_host_bound']}/"
+            f"{s['rows_with_host_time']}, {other} {s['rows_torch_host_bound']}/"
+            f"{s['rows_with_torch_host_time']}"
+        )
+    return line
 
 
 def split_rows(
@@ -675,6 +713,7 @@ TABLE_COLUMNS = [
     ("T_seq", "T_seq"),
     ("torch", "torch"),
     ("T_ours", "T_ours"),
+    ("host_ms", "host"),
     ("best_variant", "best variant"),
     ("ours_over_floor", "ours/floor"),
     ("efficiency", "eff"),
@@ -702,6 +741,7 @@ def table_text(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{timing.get('passes', 1)} passes",
         "floor = max(T_gemm, T_comm); eff = 1 - (T_ours - T_gemm) / (T_seq - T_gemm); "
         "vs X = T_ours / T_X (< 1: ours faster); torch = torch async-TP (n/a: see JSON); "
+        "host = the host's time to enqueue one call of the best variant (GPUs); "
         "bulk rows: T_gemm = the side GEMM, torch = NCCL on a side stream beside it",
         f"TE* = {TE_SOURCE}",
         "",
@@ -848,10 +888,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     # All TP groups run every row at once (NOTE [TP below the world size]): align the world.
     align = device_barrier() if queued else None
 
-    def timer(fn: Callable[[], object]) -> float:
+    def timer(fn: Callable[[], object], host: list[float]) -> float:
+        enqueue: list[float] = []
         ms = time_op(
-            fn, cuda=args.cuda, warmup=args.warmup, iters=args.iters, queued=queued, align=align
+            fn,
+            cuda=args.cuda,
+            warmup=args.warmup,
+            iters=args.iters,
+            queued=queued,
+            align=align,
+            host_ms=enqueue,
         )
+        if args.cuda:  # NOTE [host-bound rows]; the host transport's calls are synchronous
+            host.append(max_over_ranks(enqueue[0]))
         return max_over_ranks(ms)
 
     tracer = Tracer(args.out, align or device_barrier()) if args.trace else None

@@ -277,6 +277,9 @@ def test_gpu_timelines_of_the_best_variant_and_torch(tmp_path: Path) -> None:
     assert result["traces"] == str(tmp_path / "traces")
     assert f"GPU timelines: {tmp_path / 'traces'}" in done.stdout
     for r in result["rows"]:
+        # NOTE [host-bound rows]: every call's enqueue time is measured on GPUs
+        assert r["host_ms"] > 0 and r["host_ms_torch"] > 0, r
+        assert set(r["host_ms_by_variant"]) == set(r["T_ours_by_variant"])
         best, theirs = f"ours {r['best_variant']}", f"torch {r['torch_op']}"
         trace = r["trace"]
         assert set(trace) == {best, theirs, "file"}, trace.keys()

@@ -186,6 +186,28 @@ def test_summary_counts_targets_and_peers() -> None:
     ]
 
 
+def test_host_bound_rows_are_counted_where_enqueue_times_were_measured() -> None:
+    """NOTE [host-bound rows]: a row counts as host-bound when enqueueing its best variant (or
+    torch's op) took the host longer than the GPU's time for it; rows without host times (the
+    host transport) are left out of the count and of the summary line."""
+    rng = random.Random()
+    slow = {"v0": 9.0, "v1": 9.0, "v2": 9.0}  # ms: longer than any GPU time of _random_row
+    fast = {"v0": 0.01, "v1": 0.01, "v2": 0.01}
+    rows = [
+        bench.add_metrics(_random_row(rng, host_ms_by_variant=slow, host_ms_torch=0.01)),
+        bench.add_metrics(_random_row(rng, host_ms_by_variant=fast, host_ms_torch=9.0)),
+        bench.add_metrics(_random_row(rng, host_ms_by_variant=fast, host_ms_torch=None)),
+        bench.add_metrics(_random_row(rng)),
+    ]
+    assert rows[0]["host_ms"] == 9.0 and rows[3]["host_ms"] is None
+    s = bench.summarize(rows)
+    assert (s["rows_with_host_time"], s["rows_host_bound"]) == (3, 1)
+    assert (s["rows_with_torch_host_time"], s["rows_torch_host_bound"]) == (2, 1)
+    assert "host-bound (enqueue > GPU time): ours 1/3, torch 1/2" in bench.summary_line(s)
+    assert "NCCL 1/2" in bench.summary_line(s, bulk=True)
+    assert "host-bound" not in bench.summary_line(bench.summarize(rows[3:]))
+
+
 def test_table_marks_missing_peers_and_the_te_reference() -> None:
     rng = random.Random()
     base = {"shape": "fc1", "M": 32, "K": 64, "N": 64, "tp": 4, "dtype": "bf16"}
