@@ -115,8 +115,125 @@ class RingPlan {
   GemmRsLayout l_;
 };
 
-// What both schedules issue with.
-struct RingIssue {
+// The two schedules of the ring (NOTE [gemm_rs_ring schedule], NOTE [gemm_rs_ring pulls]) and
+// what they issue with.
+struct RingSchedule {
+  RingSchedule(SymmetricBuffer& buf_, const RingPlan& plan_, const gemm::GemmOperand& b_,
+               const gemm::GemmOptions& options_, int lanes_c_, cudaStream_t stream_)
+      : buf(buf_),
+        t(buf_.transport()),
+        plan(plan_),
+        b(b_),
+        options(options_),
+        lanes_c(lanes_c_),
+        stream(stream_),
+        r(buf_.rank()),
+        n(buf_.size()),
+        next((r + 1) % n),
+        prev((r + n - 1) % n),
+        sub(plan_.subchunks()) {}
+
+  // Opens the op (begin_op with `access`, then its sub-epochs: NOTE [ring sub-epochs]);
+  // returns its first epoch.
+  std::uint64_t open(std::uint64_t arg, OpAccess access) const {
+    const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream, access);
+    for (std::uint64_t i = 1; i < gemm_rs_ring_epochs(n); ++i) {
+      t.note_op(buf, buf.next_epoch(), stream);
+    }
+    return epoch;
+  }
+
+  // NOTE [gemm_rs_ring schedule]: pushes.
+  void pushes(std::uint64_t arg) const {
+    // Pushes only: the GEMMs never wait for the peers' acknowledgements, the put lanes wait for
+    // the successor's before the first push (NOTE [deferred acknowledgements]).
+    const std::uint64_t epoch = open(arg, OpAccess{/*pushes_only=*/true});
+    const int split = buf.put_split();
+    const int put_lane = lanes_c;           // .. put_lane + split - 1
+    const int copy_lane = lanes_c + split;  // the last step's copies into the output
+    t.fork(stream, lanes_c + split + 1);
+    wait_ack(buf, epoch, next, kOp, stream, put_lane);
+    for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane + p, put_lane);
+    // Host transport: program order. Rank r waits at step s for rank r-1's step s-1 only, which
+    // rank r-1 issues before it waits for anything of step s, so there is no cycle.
+    for (int s = 0; s < n; ++s) {
+      for (int k = 0; k < sub; ++k) {
+        const int q = s * sub + k;
+        const int lane = q % lanes_c;
+        const std::size_t offset = plan.offset(k);
+        const std::size_t bytes = plan.bytes(k);
+        if (s > 0) {  // piece (s - 1, k) of rank r-1 is in our receive slot of hop s - 1
+          const std::uint64_t piece = epoch + static_cast<std::uint64_t>((s - 1) * sub + k);
+          WaitContext ctx{kOp, r, prev, s, piece, buf.timeout_s()};
+          const char* recv = plan.slot(r, s) + offset;
+          if (plan.writes_output(s)) {
+            t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, copy_lane);
+            t.put(plan.output_rows(k), recv, bytes, stream, copy_lane);
+            t.lane_wait(stream, lane, copy_lane);
+          } else {
+            t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, lane);
+          }
+        }
+        t.gemm(plan.input(s, k), b, plan.output(s, k), plan.options(options, s), stream, lane);
+        if (s == n - 1) continue;
+        // Push the running sum on to rank r+1's receive slot of hop s, then announce it.
+        const char* src = plan.slot(r, plan.out_slot(s)) + offset;
+        char* dst = plan.slot(next, 1 + s) + offset;
+        const std::size_t slice = (bytes + split - 1) / split;
+        for (int p = 0; p < split; ++p) {
+          const std::size_t begin = std::min(bytes, p * slice);
+          t.lane_wait(stream, put_lane + p, lane);
+          t.put(dst + begin, src + begin, std::min(bytes - begin, slice), stream, put_lane + p);
+        }
+        for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane, put_lane + p);
+        t.signal(buf.flag(next, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(q), stream,
+                 put_lane);
+      }
+    }
+    t.join(stream);
+  }
+
+  // NOTE [gemm_rs_ring pulls].
+  void pulls(std::uint64_t arg) const {
+    // The successor reads our slots: the GEMMs, which write them, wait for every acknowledgement
+    // of the previous op, exchanged in one handshake (the SMs are idle there).
+    const std::uint64_t epoch = open(arg, OpAccess{/*pushes_only=*/false, /*handshake=*/true});
+    const int pull_lane = lanes_c;
+    // With several compute lanes the announcements go through one lane, in order: a flag's
+    // value must only grow with pieces that have all landed (NOTE [ring sub-epochs]).
+    const bool signal_lane = lanes_c > 1;
+    const int sig_lane = lanes_c + 1;
+    t.fork(stream, lanes_c + (signal_lane ? 2 : 1));
+    // Host transport: program order, as for the pushes (rank r waits at step s for rank r-1's
+    // announcement of step s-1, which rank r-1 makes before it waits for anything of step s).
+    for (int s = 0; s < n; ++s) {
+      for (int k = 0; k < sub; ++k) {
+        const int q = s * sub + k;
+        const int lane = q % lanes_c;
+        if (s > 0) {  // rank r-1 left piece (s - 1, k) of its running sum in its slot
+          const std::uint64_t piece = epoch + static_cast<std::uint64_t>((s - 1) * sub + k);
+          WaitContext ctx{kOp, r, prev, s, piece, buf.timeout_s()};
+          char* dst =
+              plan.writes_output(s) ? plan.output_rows(k) : plan.slot(r, s) + plan.offset(k);
+          t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, pull_lane);
+          t.put(dst, plan.slot(prev, plan.out_slot(s - 1)) + plan.offset(k), plan.bytes(k), stream,
+                pull_lane);
+          t.lane_wait(stream, lane, pull_lane);
+        }
+        t.gemm(plan.input(s, k), b, plan.output(s, k), plan.options(options, s), stream, lane);
+        if (s == n - 1) continue;
+        int announce = lane;
+        if (signal_lane) {
+          t.lane_wait(stream, sig_lane, lane);
+          announce = sig_lane;
+        }
+        t.signal(buf.flag(next, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(q), stream,
+                 announce);
+      }
+    }
+    t.join(stream);
+  }
+
   SymmetricBuffer& buf;
   Transport& t;
   const RingPlan& plan;
@@ -124,126 +241,9 @@ struct RingIssue {
   const gemm::GemmOptions& options;
   int lanes_c;
   cudaStream_t stream;
+  int r, n, next, prev;  // this rank, the group size, the ring successor and predecessor
+  int sub;               // sub-chunks per chunk
 };
-
-// Takes the op's sub-epochs after begin_op's (NOTE [ring sub-epochs]).
-void take_ring_epochs(const RingIssue& x) {
-  for (std::uint64_t i = 1; i < gemm_rs_ring_epochs(x.buf.size()); ++i) {
-    x.t.note_op(x.buf, x.buf.next_epoch(), x.stream);
-  }
-}
-
-// NOTE [gemm_rs_ring schedule]: pushes.
-void ring_pushes(const RingIssue& x, std::uint64_t arg) {
-  SymmetricBuffer& buf = x.buf;
-  Transport& t = x.t;
-  const RingPlan& plan = x.plan;
-  const cudaStream_t stream = x.stream;
-  const int r = buf.rank();
-  const int n = buf.size();
-  const int sub = plan.subchunks();
-  // Pushes only: the GEMMs never wait for the peers' acknowledgements, the put lanes wait for
-  // the successor's before the first push (NOTE [deferred acknowledgements]).
-  const std::uint64_t epoch =
-      begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
-  take_ring_epochs(x);
-  const int next = (r + 1) % n;
-  const int prev = (r + n - 1) % n;
-  const int split = buf.put_split();
-  const int put_lane = x.lanes_c;           // .. put_lane + split - 1
-  const int copy_lane = x.lanes_c + split;  // the last step's copies into the output
-  t.fork(stream, x.lanes_c + split + 1);
-  wait_ack(buf, epoch, next, kOp, stream, put_lane);
-  for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane + p, put_lane);
-  // Host transport: program order. Rank r waits at step s for rank r-1's step s-1 only, which
-  // rank r-1 issues before it waits for anything of step s, so there is no cycle.
-  for (int s = 0; s < n; ++s) {
-    for (int k = 0; k < sub; ++k) {
-      const int q = s * sub + k;
-      const int lane = q % x.lanes_c;
-      const std::size_t offset = plan.offset(k);
-      const std::size_t bytes = plan.bytes(k);
-      if (s > 0) {  // piece (s - 1, k) of rank r-1 is in our receive slot of hop s - 1
-        const std::uint64_t piece = epoch + static_cast<std::uint64_t>((s - 1) * sub + k);
-        WaitContext ctx{kOp, r, prev, s, piece, buf.timeout_s()};
-        const char* recv = plan.slot(r, s) + offset;
-        if (plan.writes_output(s)) {
-          t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, copy_lane);
-          t.put(plan.output_rows(k), recv, bytes, stream, copy_lane);
-          t.lane_wait(stream, lane, copy_lane);
-        } else {
-          t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, lane);
-        }
-      }
-      t.gemm(plan.input(s, k), x.b, plan.output(s, k), plan.options(x.options, s), stream, lane);
-      if (s == n - 1) continue;
-      // Push the running sum on to rank r+1's receive slot of hop s, then announce it.
-      const char* src = plan.slot(r, plan.out_slot(s)) + offset;
-      char* dst = plan.slot(next, 1 + s) + offset;
-      const std::size_t slice = (bytes + split - 1) / split;
-      for (int p = 0; p < split; ++p) {
-        const std::size_t begin = std::min(bytes, p * slice);
-        t.lane_wait(stream, put_lane + p, lane);
-        t.put(dst + begin, src + begin, std::min(bytes - begin, slice), stream, put_lane + p);
-      }
-      for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane, put_lane + p);
-      t.signal(buf.flag(next, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(q), stream,
-               put_lane);
-    }
-  }
-  t.join(stream);
-}
-
-// NOTE [gemm_rs_ring pulls].
-void ring_pulls(const RingIssue& x, std::uint64_t arg) {
-  SymmetricBuffer& buf = x.buf;
-  Transport& t = x.t;
-  const RingPlan& plan = x.plan;
-  const cudaStream_t stream = x.stream;
-  const int r = buf.rank();
-  const int n = buf.size();
-  const int sub = plan.subchunks();
-  // The successor reads our slots: the GEMMs, which write them, wait for every acknowledgement
-  // of the previous op, exchanged in one handshake (the SMs are idle there).
-  const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream,
-                                       OpAccess{/*pushes_only=*/false, /*handshake=*/true});
-  take_ring_epochs(x);
-  const int next = (r + 1) % n;
-  const int prev = (r + n - 1) % n;
-  const int pull_lane = x.lanes_c;
-  // With several compute lanes the announcements go through one lane, in order: a flag's
-  // value must only grow with pieces that have all landed (NOTE [ring sub-epochs]).
-  const bool signal_lane = x.lanes_c > 1;
-  const int sig_lane = x.lanes_c + 1;
-  t.fork(stream, x.lanes_c + (signal_lane ? 2 : 1));
-  // Host transport: program order, as for the pushes (rank r waits at step s for rank r-1's
-  // announcement of step s-1, which rank r-1 makes before it waits for anything of step s).
-  for (int s = 0; s < n; ++s) {
-    for (int k = 0; k < sub; ++k) {
-      const int q = s * sub + k;
-      const int lane = q % x.lanes_c;
-      if (s > 0) {  // rank r-1 left piece (s - 1, k) of its running sum in its slot
-        const std::uint64_t piece = epoch + static_cast<std::uint64_t>((s - 1) * sub + k);
-        WaitContext ctx{kOp, r, prev, s, piece, buf.timeout_s()};
-        char* dst = plan.writes_output(s) ? plan.output_rows(k) : plan.slot(r, s) + plan.offset(k);
-        t.wait(buf.flag(r, prev, FlagSlot::kData), piece, ctx, stream, pull_lane);
-        t.put(dst, plan.slot(prev, plan.out_slot(s - 1)) + plan.offset(k), plan.bytes(k), stream,
-              pull_lane);
-        t.lane_wait(stream, lane, pull_lane);
-      }
-      t.gemm(plan.input(s, k), x.b, plan.output(s, k), plan.options(x.options, s), stream, lane);
-      if (s == n - 1) continue;
-      int announce = lane;
-      if (signal_lane) {
-        t.lane_wait(stream, sig_lane, lane);
-        announce = sig_lane;
-      }
-      t.signal(buf.flag(next, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(q), stream,
-               announce);
-    }
-  }
-  t.join(stream);
-}
 
 }  // namespace
 
@@ -352,11 +352,11 @@ void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::
   }
 
   // ---- the op --------------------------------------------------------------------------------
-  const RingIssue issue{buf, t, plan, b, options, config.compute_lanes, stream};
+  const RingSchedule ring(buf, plan, b, options, config.compute_lanes, stream);
   if (config.pull_shards) {
-    ring_pulls(issue, arg);
+    ring.pulls(arg);
   } else {
-    ring_pushes(issue, arg);
+    ring.pushes(arg);
   }
   if (dtype_is_fp8(d.dtype)) {  // the final running sum, cast with scale / scale_inv / amax
     const void* input = plan.slot(r, plan.final_slot());
