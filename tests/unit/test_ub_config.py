@@ -279,13 +279,15 @@ def test_fp8_and_put_split_get_their_own_buffers() -> None:
 def test_ring_rs_shares_the_gemm_rs_buffer() -> None:
     gemms = {
         "proj_fprop": GemmOverlapConfig(M.RING_RS, ring_subchunks=3),
-        "fc2_fprop": GemmOverlapConfig("ring_rs"),  # type: ignore[arg-type]
-        "qkv_dgrad": GemmOverlapConfig(M.PIPELINE_RS),
+        "fc2_fprop": GemmOverlapConfig("ring_rs", pull_shards=True),  # type: ignore[arg-type]
+        # pull_shards is ignored by the pipelined method (which always pulls)
+        "qkv_dgrad": GemmOverlapConfig(M.PIPELINE_RS, pull_shards=True),
     }
     ub = init(shape=(64, 32), ub_cfgs=gemms, register=False)
     proj, fc2, qkv = (ub.get(n) for n in ("proj_fprop", "fc2_fprop", "qkv_dgrad"))
-    assert proj.method is RsMethod.RING and proj.ring_subchunks == 3
+    assert proj.method is RsMethod.RING and proj.ring_subchunks == 3 and not proj.pull_shards
     assert fc2.method is RsMethod.RING and fc2.ring_subchunks == 2 and fc2.compute_lanes == 1
+    assert fc2.pull_shards and not qkv.pull_shards
     assert qkv.method is RsMethod.PIPELINED and qkv.buffer is proj.buffer is fc2.buffer
     # Sized for the larger need: the pipelined layout (the ring needs half of it).
     rs_bytes = GemmReduceScatter.buffer_bytes(1, 64, 32, torch.bfloat16)
@@ -294,6 +296,7 @@ def test_ring_rs_shares_the_gemm_rs_buffer() -> None:
     x, w = rand(64, 24, seed=7), rand(32, 24, seed=8)
     want = gemm(x, w, transb=True)
     assert torch.equal(proj(x, w), want) and torch.equal(qkv(x, w), want)
+    assert torch.equal(fc2(x, w), want)  # the ring with pulls, one rank
     ub.destroy()
     only_ring = {n: GemmOverlapConfig(M.RING_RS) for n in ("proj_fprop", "fc2_fprop")}
     only_ring |= {n: GemmOverlapConfig(M.NONE) for n in ("qkv_dgrad", "fc1_dgrad")}
