@@ -267,6 +267,24 @@ class GemmOverlapConfig:
         """``gemm_sm_margin`` with the op's default filled in."""
         return _BULK_RS_SM_MARGIN if self.gemm_sm_margin is None else self.gemm_sm_margin
 
+    @property
+    def settings(self) -> str:
+        """The settings that apply to the method, defaults filled in (``"-"``: none), as
+        :meth:`Userbuffers.describe` lists them: e.g. ``"subchunks=2 pull"``."""
+        m = self.method
+        if m is OverlapMethod.RING_AG:
+            order = "pull" if self.pull_shards else "staggered" if self.staggered_puts else "all"
+            parts = [f"pieces={self.pieces}", order]
+        elif m is OverlapMethod.PIPELINE_RS:
+            parts = [f"pieces={self.pieces}", f"max_blocks={self.max_blocks}"]
+        elif m is OverlapMethod.RING_RS:
+            parts = [f"subchunks={self.ring_subchunks}", "pull" if self.pull_shards else "push"]
+        elif m is OverlapMethod.BULK_RS:
+            parts = [f"max_blocks={self.max_blocks}", f"sm_margin={self.sm_margin}"]
+        else:  # BULK_AG (its put_split is the buffer's) and NONE
+            parts = []
+        return " ".join(parts) or "-"
+
 
 # The defaults of ReduceScatterBesideGemm (overlap.ops.bulk).
 _BULK_RS_MAX_BLOCKS = 64
@@ -602,12 +620,13 @@ class Userbuffers:
         return self._ops[name]
 
     def describe(self) -> str:
-        """A table of every GEMM name's method and buffer, and the total bytes per rank."""
+        """A table of every GEMM name's method, buffer and settings
+        (:attr:`GemmOverlapConfig.settings`), then the buffers and the total bytes per rank."""
         buffer_of = {n: i for i, u in enumerate(self._uses) for n in u.names}
         lines = [
             f"userbuffers: tp={self.tp} tokens={self.config.tokens} hidden={self.config.hidden} "
             f"dtype={self.config.dtype} transport={self.comm.transport.value}",
-            f"{'gemm':<11} {'method':<12} {'fp8':<5} {'lanes':<5} buffer",
+            f"{'gemm':<11} {'method':<12} {'fp8':<5} {'lanes':<5} {'buffer':<14} settings",
         ]
         for name, cfg in self.config.gemms.items():
             method = cfg.method.value  # type: ignore[union-attr]
@@ -616,7 +635,10 @@ class Userbuffers:
                 lanes = "-" if cfg.method.bulk else str(cfg.lanes)  # type: ignore[union-attr]
             else:
                 where, lanes = "not overlapped", "-"
-            lines.append(f"{name:<11} {method:<12} {cfg.fp8!s:<5} {lanes:<5} {where}")
+            settings = cfg.settings if name in buffer_of else "-"
+            lines.append(
+                f"{name:<11} {method:<12} {cfg.fp8!s:<5} {lanes:<5} {where:<14} {settings}"
+            )
         for i, u in enumerate(self._uses):
             lines.append(
                 f"buffer #{i}: {u.kind.value} {u.dtype} put_split={u.put_split} "

@@ -292,7 +292,10 @@ def test_ring_rs_shares_the_gemm_rs_buffer() -> None:
     # Sized for the larger need: the pipelined layout (the ring needs half of it).
     rs_bytes = GemmReduceScatter.buffer_bytes(1, 64, 32, torch.bfloat16)
     assert proj.buffer.nbytes == rs_bytes
-    assert "proj_fprop  ring_rs" in ub.describe()
+    table = ub.describe()
+    assert "proj_fprop  ring_rs      False 1     #1             subchunks=3 push" in table
+    assert "fc2_fprop   ring_rs      False 1     #1             subchunks=2 pull" in table
+    assert "qkv_dgrad   pipeline_rs  False 1     #1             pieces=1 max_blocks=0" in table
     x, w = rand(64, 24, seed=7), rand(32, 24, seed=8)
     want = gemm(x, w, transb=True)
     assert torch.equal(proj(x, w), want) and torch.equal(qkv(x, w), want)
