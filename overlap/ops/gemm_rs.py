@@ -105,8 +105,8 @@ class GemmReduceScatter:
             meant for links that a single peer's pull cannot fill.
         pull_shards: ``"ring"`` only: each rank leaves its running sums in its own buffer
             and the next rank pulls them (NOTE [gemm_rs_ring pulls]), instead of pushing them
-            to it. On 2xH200 this was the fastest method on 6 to 8 of the 12 TP 2 GEMM+RS
-            rows of the benchmark suite in three runs, the FP8 rows with the smallest GEMMs
+            to it. On 2xH200 this was the fastest method on 6 to 9 of the 12 TP 2 GEMM+RS
+            rows of the benchmark suite in four runs, the FP8 rows with the smallest GEMMs
             among them every time (e.g. FP8 ``[8192, 4096] x [4096, 4096]``: 0.243 -> 0.221
             ms); default False. The pipelined method always pulls.
         name: the buffer's name (error messages).

@@ -311,9 +311,9 @@ struct RingSchedule {
 // best push ring -> best pull ring, best pipelined beside): FP8 te4096 0.243 -> 0.221 (0.235),
 // proj M 8192 0.450 -> 0.423 (0.437), proj M 16384 0.870 -> 0.790 (0.871), fc2 M 16384
 // 2.877 -> 2.793 (2.892); bf16 proj M 8192 0.779 -> 0.765. The pulls were the fastest method
-// on 8 of the 12 GEMM+RS rows in that run and on 6 in two more (FP8 proj M 8192 and 16384 and
-// te4096 every time); slower on fc2 M 8192 (bf16 2.638 -> 2.786) and proj bf16 M 16384 (1.570
-// -> 1.596). Not yet measured at TP 4.
+// on 9 of the 12 GEMM+RS rows in that run and on 8, 6 and 6 in three more (FP8 proj M 8192 and
+// 16384, te4096 FP8 and bf16, proj bf16 M 8192 every time); slower on fc2 M 8192 (bf16 2.638
+// -> 2.786). Not yet measured at TP 4.
 //
 // NOTE [gemm_rs_ring numerics]: chunk c's result is (((p_{c+1} + p_{c+2}) + ...) + p_c), summed
 // in ring order from rank c+1 (so the order differs per chunk, deterministically). Each GEMM
