@@ -265,6 +265,12 @@ def _cuda_setting(case: Case, kwargs: Mapping[str, Any]) -> bool:
     return case.cuda or kwargs.get("split", 1) == 1
 
 
+def _serial_differs(case: Case, kwargs: Mapping[str, Any]) -> bool:
+    """Serial puts (one peer after another) and puts to all peers at once are one schedule
+    with a single peer: at TP 2 only the serial variant runs."""
+    return kwargs.get("serial", True) or case.comm.group.size > 2
+
+
 def _ag_pipeline(
     case: Case, *, lanes: int, split: int, staggered: bool, pieces: int = 1, pull: bool = False
 ) -> Runner:
@@ -376,10 +382,11 @@ def _bulk_ag(case: Case, *, serial: bool) -> Runner:
     return run
 
 
-def _bulk_rs(case: Case, *, serial: bool, margin: int) -> Runner:
+def _bulk_rs(case: Case, *, serial: bool, margin: int, pieces: int = 1) -> Runner:
     """:class:`~overlap.ops.ReduceScatterBesideGemm`: partial sums pushed by copy engines and
     reduced by a bounded kernel (64 blocks) while the side GEMM runs on the SMs it leaves
-    (``gemm_sm_margin``); serial puts and the margin are settings."""
+    (``gemm_sm_margin``), in ``pieces`` pieces each reduced once landed (NOTE [bulk_rs
+    pieces]); serial puts, the margin and the pieces are settings."""
     op = case.keep(
         ("bulk_rs",),
         lambda: ReduceScatterBesideGemm(case.comm, case.m, case.k, torch.bfloat16),
@@ -389,10 +396,17 @@ def _bulk_rs(case: Case, *, serial: bool, margin: int) -> Runner:
     def run() -> object:
         op.buffer.serial_puts = serial
         op.gemm_sm_margin = margin
+        op.pieces = pieces
         return op(case.a, side.a, side.b, out=case.out, gemm_out=side.out, transb=True)
 
     return run
 
 
-register("bulk_ag", "bulk", _bulk_ag, grid(serial=(True, False)))
-register("bulk_rs", "bulk", _bulk_rs, grid(serial=(True, False), margin=(0, 16)))
+register("bulk_ag", "bulk", _bulk_ag, grid(serial=(True, False)), when=_serial_differs)
+register(
+    "bulk_rs",
+    "bulk",
+    _bulk_rs,
+    grid(serial=(True, False), margin=(0, 4, 8, 16), pieces=(1, 2, 4)),
+    when=_serial_differs,
+)

@@ -200,7 +200,9 @@ class GemmOverlapConfig:
         pieces: pieces each chunk is split into, 1..4 (``RING_AG``: each peer's shard
             travels and is multiplied in pieces, NOTE [ag_gemm pieces]; ``PIPELINE_RS``: the
             chunks are computed, pulled and summed in rounds, NOTE [gemm_rs pieces]): for
-            shapes whose communication takes about as long as the GEMM.
+            shapes whose communication takes about as long as the GEMM. ``BULK_RS``: the
+            partial sums travel and are summed in pieces, each as soon as it has landed
+            (NOTE [bulk_rs pieces]).
         reduce_max_blocks: bound on the reduction kernel's grid, 0 = fill the GPU
             (``PIPELINE_RS`` and ``BULK_RS``; ``None``: the op's default, 0 for
             ``PIPELINE_RS`` and 64 blocks, 16 SMs, for ``BULK_RS``, which runs beside a GEMM;
@@ -280,7 +282,11 @@ class GemmOverlapConfig:
         elif m is OverlapMethod.RING_RS:
             parts = [f"subchunks={self.ring_subchunks}", "pull" if self.pull_shards else "push"]
         elif m is OverlapMethod.BULK_RS:
-            parts = [f"max_blocks={self.max_blocks}", f"sm_margin={self.sm_margin}"]
+            parts = [
+                f"pieces={self.pieces}",
+                f"max_blocks={self.max_blocks}",
+                f"sm_margin={self.sm_margin}",
+            ]
         else:  # BULK_AG (its put_split is the buffer's) and NONE
             parts = []
         return " ".join(parts) or "-"
@@ -578,6 +584,7 @@ class Userbuffers:
                 *args,
                 reduce_max_blocks=cfg.max_blocks,
                 gemm_sm_margin=cfg.sm_margin,
+                pieces=cfg.pieces,
                 name=name,
                 buffer=buffer,
             )

@@ -327,7 +327,7 @@ void register_comm_bulk_ops(py::module_& m) {
       "reduce_scatter_beside_gemm",
       [](SymmetricBuffer& buf, py::handle input, py::handle out, const py::dict& gemm,
          py::handle out_scale, py::handle out_scale_inv, py::handle out_amax, int reduce_max_blocks,
-         int gemm_sm_margin, std::uintptr_t stream) {
+         int gemm_sm_margin, int pieces, std::uintptr_t stream) {
         constexpr const char* kOp = "bulk_reduce_scatter";
         const TensorRef ir = matrix(buf, input, kOp, "the input");
         const TensorRef orf = matrix(buf, out, kOp, "the output");
@@ -346,13 +346,14 @@ void register_comm_bulk_ops(py::module_& m) {
         comm::BulkConfig config;
         config.reduce_max_blocks = reduce_max_blocks;
         config.gemm_sm_margin = gemm_sm_margin;
+        config.pieces = pieces;
         py::gil_scoped_release release;
         comm::reduce_scatter_beside_gemm(buf, in, o, g, config, stream_from_py(stream));
       },
       py::arg("buffer"), py::arg("input"), py::arg("out"), py::arg("gemm"), py::kw_only(),
       py::arg("out_scale") = py::none(), py::arg("out_scale_inv") = py::none(),
       py::arg("out_amax") = py::none(), py::arg("reduce_max_blocks") = 64,
-      py::arg("gemm_sm_margin") = 16, py::arg("stream") = 0,
+      py::arg("gemm_sm_margin") = 16, py::arg("pieces") = 1, py::arg("stream") = 0,
       "out = this rank's rows of ReduceScatter(input) while the GEMM described by `gemm` runs; "
       "see csrc/comm/overlap/overlap_ops.h.");
 }

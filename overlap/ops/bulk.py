@@ -38,6 +38,7 @@ from overlap.ops._operands import (
     HIGH_PRECISION,
     Operand,
     check_given_buffer,
+    check_pieces,
     is_fp8,
     op_device,
     split_operand,
@@ -312,6 +313,10 @@ class ReduceScatterBesideGemm:
             per SM: the default 64 keeps 16 SMs; 0 fills the GPU).
         gemm_sm_margin: SMs the side GEMM leaves free for the reduction when the call gives no
             ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU).
+        pieces: pieces the partial sums travel and are reduced in, 1..4 (NOTE [bulk_rs
+            pieces] in ``bulk.cpp``): each piece is summed as soon as it has landed, beside the
+            later pushes, instead of the whole output after the last byte, so the reduction
+            needs fewer of the GEMM's SMs at a time. Every rank must pass the same value.
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on (at least
             :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in :mod:`overlap.ops.ag_gemm`).
@@ -336,6 +341,7 @@ class ReduceScatterBesideGemm:
         *,
         reduce_max_blocks: int = 64,
         gemm_sm_margin: int = 16,
+        pieces: int = 1,
         name: str = "bulk_rs",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
@@ -357,6 +363,7 @@ class ReduceScatterBesideGemm:
         self.dtype = dtype
         self.reduce_max_blocks = int(reduce_max_blocks)
         self.gemm_sm_margin = int(gemm_sm_margin)
+        self.pieces = check_pieces(_RS, pieces)
         self.device = op_device(comm)
         nbytes = self.buffer_bytes(tp, self.max_tokens, self.features, dtype)
         self._owns_buffer = buffer is None
@@ -461,6 +468,7 @@ class ReduceScatterBesideGemm:
             out_amax=out_amax,
             reduce_max_blocks=self.reduce_max_blocks,
             gemm_sm_margin=self.gemm_sm_margin,
+            pieces=self.pieces,
             stream=stream_of(self.device),
         )
         return out, g["out"]

@@ -347,6 +347,17 @@ def test_variant_applicability_follows_the_transport() -> None:
     assert not any(v.applies(FakeCase("gemm_rs", cuda=True)) for v in ag)
 
 
+def test_bulk_variants_drop_all_at_once_puts_with_one_peer() -> None:
+    def case(tp: int) -> object:
+        comm = types.SimpleNamespace(group=types.SimpleNamespace(size=tp))
+        return types.SimpleNamespace(op="bulk_rs", cuda=True, comm=comm)
+
+    rs = [v for v in methods.registered() if v.op == "bulk_rs"]
+    at = {tp: [v.name for v in rs if v.applies(case(tp))] for tp in (2, 4)}
+    assert at[2] and all("serial" in n for n in at[2])  # one peer: serial or not, the same
+    assert set(at[2]) < set(at[4]) and len(at[4]) == 2 * len(at[2])
+
+
 def test_case_keep_builds_once_and_releases_newest_first() -> None:
     log = []
 
@@ -403,9 +414,9 @@ def test_runners_apply_their_settings_on_every_call() -> None:
     rs = SharedOp()
     case.keep(("bulk_rs",), lambda: rs)
     first = methods._bulk_rs(case, serial=True, margin=0)
-    second = methods._bulk_rs(case, serial=False, margin=16)
+    second = methods._bulk_rs(case, serial=False, margin=16, pieces=4)
     second(), first()
-    assert [(s[1], s[4]) for s in rs.seen] == [(False, 16), (True, 0)]
+    assert [(s[1], s[3], s[4]) for s in rs.seen] == [(False, 4, 16), (True, 1, 0)]
 
 
 def test_progress_lines_count_up_with_eta() -> None:

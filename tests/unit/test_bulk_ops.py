@@ -210,6 +210,13 @@ def test_reduce_scatter_rejections_leave_the_op_usable(comm: Communicator) -> No
         rs(x, a, b, out_scale=torch.ones(1))
     with pytest.raises(InvalidArgumentError, match="must be >= 0"):
         ReduceScatterBesideGemm(comm, 32, 40, torch.bfloat16, gemm_sm_margin=-1)
+    for pieces in (0, 5, True):
+        with pytest.raises(InvalidArgumentError, match=r"pieces must be 1\.\.4"):
+            ReduceScatterBesideGemm(comm, 32, 40, torch.bfloat16, pieces=pieces)
+    rs.pieces = 9  # set after construction: the core refuses it before any work
+    with pytest.raises(ConfigError, match=r"pieces must be in \[1, 4\], got 9"):
+        rs(x, a, b)
+    rs.pieces = 1
     with pytest.raises(InvalidArgumentError, match="partial sums"):
         ReduceScatterBesideGemm(comm, 32, 40, E4M3)
     # NOTE [bulk independence]

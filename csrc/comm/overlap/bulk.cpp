@@ -134,17 +134,19 @@ std::uint64_t begin_beside_gemm(SymmetricBuffer& buf, OpCode code, std::uint64_t
   }
 }
 
-// Copies `bytes` from src to dst, in `peer`'s buffer, on the put lanes first..first+split-1
-// once `peer` may be written (NOTE [bulk schedule]); lane `first` then waits for the others.
+// Copies `bytes` from src to dst, in `peer`'s buffer, on the put lanes first..first+split-1,
+// the op's first write into `peer` (`first_write`) once `peer` may be written (NOTE [bulk
+// schedule]); lane `first` then waits for the others.
 void put_to_peer(SymmetricBuffer& buf, std::uint64_t epoch, int peer, char* dst, const char* src,
-                 std::size_t bytes, int first, const char* op, cudaStream_t stream) {
+                 std::size_t bytes, int first, bool first_write, const char* op,
+                 cudaStream_t stream) {
   Transport& t = buf.transport();
   const int split = buf.put_split();
-  if (buf.acked_epoch() == epoch) {
+  if (first_write && buf.acked_epoch() == epoch) {
     t.lane_wait(stream, first, 0);  // begin_op waited for every acknowledgement on lane 0
-  } else {
+  } else if (first_write) {
     wait_ack(buf, epoch, peer, op, stream, first);
-  }
+  }  // later writes follow the first in order on lane `first`
   for (int s = 1; s < split; ++s) t.lane_wait(stream, first + s, first);
   const std::size_t slice = (bytes + split - 1) / split;
   for (int s = 0; s < split; ++s) {
@@ -201,7 +203,7 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
     const int peer = (r + i) % n;
     const int first = first_put_lane(buf, i);
     put_to_peer(buf, epoch, peer, buf.data(peer) + r * l.shard_bytes, src, l.shard_bytes, first,
-                kAgOp, stream);
+                /*first_write=*/true, kAgOp, stream);
     if (scaled) {
       t.put(buf.data(peer) + l.scale_offset + r * kScaleSlotBytes, shard.scale_inv, sizeof(float),
             stream, first);
@@ -222,7 +224,7 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 }
 
 // NOTE [bulk_reduce_scatter schedule]: push, then reduce locally. Timeline of rank r (n
-// ranks, S = put_split, m = rows / n, c0 = the caller's stream):
+// ranks, S = put_split, m = rows / n, c0 = the caller's stream, one piece):
 //
 // clang-format off
 //   c0      | fork | begin_op | wait kData(r-1) ... kData(r+1) | reduce (<= reduce_max_blocks) | join
@@ -241,6 +243,20 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // only after we acknowledged this op, i.e. after our previous op's reduction (stream-ordered
 // before that acknowledgement) finished reading them (NOTE [buffer reuse]); nobody reads our
 // region remotely, so the op only pushes (NOTE [bulk schedule]).
+//
+// NOTE [bulk_rs pieces]: the reduction can only start once the last byte has landed, and it
+// then needs (n + 1) m N elements of HBM traffic on the SMs the GEMM left: on 2xH200 (qkv
+// wgrad, M 8192, FP8 GEMM of 0.47 ms) the push took 175 us and the reduction 230 us on 16 SMs,
+// so the GEMM had to leave those 16 SMs for nearly its whole run (0.47 -> 0.51 ms). With P =
+// config.pieces > 1, each peer's rows travel in P pieces (rows [lo(p), lo(p + 1)) of every
+// chunk, slot and output, like NOTE [gemm_rs pieces]), piece-major (piece p to every peer
+// before piece p + 1 to any), piece p announced by the value e + p on the one kData flag
+// (the pieces of one sender run in order on its put lane: "flag >= e + p" means pieces 0..p
+// have landed), and c0 reduces piece p as soon as every peer's piece p is there (the amax
+// max-reduced over the pieces). The reduction then runs beside the later pushes: the same
+// work spread over a longer window, so a smaller SM margin suffices. Every op takes
+// kPieceEpochs epochs whatever P, so that ranks stay in step if one passes a different P
+// (the op record, which includes P, reports it).
 void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
                                 const ScatterOutput& out, const SideGemm& g,
                                 const BulkConfig& config, cudaStream_t stream) {
@@ -251,6 +267,8 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   check_can_begin(buf, stream, kRsOp);
   OVERLAP_CHECK(config.gemm_sm_margin >= 0, kConfig,
                 kRsOp << ": gemm_sm_margin must be >= 0, got " << config.gemm_sm_margin);
+  OVERLAP_CHECK(config.pieces >= 1 && config.pieces <= kMaxPieces, kConfig,
+                kRsOp << ": pieces must be in [1, " << kMaxPieces << "], got " << config.pieces);
   OVERLAP_CHECK_ARG(
       in.dtype == DType::kBFloat16 || in.dtype == DType::kFloat16 || in.dtype == DType::kFloat32,
       kRsOp << ": the input must be bfloat16, float16 or float32, got " << dtype_name(in.dtype));
@@ -290,9 +308,10 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   // Our own put lanes may still read the input while the reduction writes the output.
   check_disjoint({output}, input, kRsOp);
   check_disjoint({output}, extent(buf.data(r), buf.bytes(), "the symmetric buffer"), kRsOp);
+  const detail::Pieces pc(m, config.pieces);
   std::uint64_t arg = 0;
   for (std::uint64_t v : {std::uint64_t(in.rows), std::uint64_t(in.cols), std::uint64_t(in.dtype),
-                          std::uint64_t(out.dtype)}) {
+                          std::uint64_t(out.dtype), std::uint64_t(pc.count())}) {
     arg = mix_arg(arg, v);
   }
 
@@ -300,24 +319,23 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   const int lanes = kFirstPutLane + put_lanes(buf);
   const std::uint64_t epoch =
       begin_beside_gemm(buf, OpCode::kBulkReduceScatter, arg, g, options, lanes, kRsOp, stream);
+  detail::take_piece_epochs(buf, stream);  // NOTE [bulk_rs pieces]
   const char* src = static_cast<const char*>(in.data);
-  for (int i = 1; i < n; ++i) {
-    const int peer = (r + i) % n;
-    const int first = first_put_lane(buf, i);
-    put_to_peer(buf, epoch, peer, buf.data(peer) + r * l.slot_bytes, src + peer * chunk_bytes,
-                chunk_bytes, first, kRsOp, stream);
-    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
-  }
-  for (int i = 1; i < n; ++i) {
-    const int peer = (r + n - i) % n;
-    WaitContext ctx{kRsOp, r, peer, i, epoch, buf.timeout_s()};
-    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
-  }
-  // Rank order: the same sum on every rank whichever rank computed which partial.
-  std::vector<const void*> inputs(n);
-  for (int j = 0; j < n; ++j) {
-    inputs[j] = j == r ? static_cast<const void*>(src + r * chunk_bytes)
-                       : static_cast<const void*>(buf.data(r) + j * l.slot_bytes);
+  const std::size_t in_row_bytes = static_cast<std::size_t>(in.cols) * in_es;
+  const std::size_t out_row_bytes = static_cast<std::size_t>(in.cols) * dtype_size(out.dtype);
+  // Piece-major: piece p goes to every peer before piece p + 1 goes to any.
+  for (int p = 0; p < pc.count(); ++p) {
+    const std::size_t offset = static_cast<std::size_t>(pc.lo(p)) * in_row_bytes;
+    const std::size_t bytes = static_cast<std::size_t>(pc.rows(p)) * in_row_bytes;
+    for (int i = 1; i < n; ++i) {
+      const int peer = (r + i) % n;
+      const int first = first_put_lane(buf, i);
+      put_to_peer(buf, epoch, peer, buf.data(peer) + r * l.slot_bytes + offset,
+                  src + peer * chunk_bytes + offset, bytes, first, /*first_write=*/p == 0, kRsOp,
+                  stream);
+      t.signal(buf.flag(peer, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(p), stream,
+               first);
+    }
   }
   ReduceOutput o;
   o.format = out.dtype;
@@ -325,8 +343,24 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   o.scale_inv = out.scale_inv;
   o.amax = out.amax;
   o.max_blocks = config.reduce_max_blocks;
-  t.reduce(out.data, inputs.data(), n, static_cast<std::size_t>(m * in.cols), in.dtype, o, stream,
-           0);
+  for (int p = 0; p < pc.count(); ++p) {
+    const std::uint64_t value = epoch + static_cast<std::uint64_t>(p);
+    for (int i = 1; i < n; ++i) {
+      const int peer = (r + n - i) % n;
+      WaitContext ctx{kRsOp, r, peer, i, value, buf.timeout_s()};
+      t.wait(buf.flag(r, peer, FlagSlot::kData), value, ctx, stream, 0);
+    }
+    // Rank order: the same sum on every rank whichever rank computed which partial.
+    const std::size_t offset = static_cast<std::size_t>(pc.lo(p)) * in_row_bytes;
+    std::vector<const void*> inputs(n);
+    for (int j = 0; j < n; ++j) {
+      inputs[j] = j == r ? static_cast<const void*>(src + r * chunk_bytes + offset)
+                         : static_cast<const void*>(buf.data(r) + j * l.slot_bytes + offset);
+    }
+    o.accumulate_amax = p > 0;
+    t.reduce(static_cast<char*>(out.data) + pc.lo(p) * out_row_bytes, inputs.data(), n,
+             static_cast<std::size_t>(pc.rows(p) * in.cols), in.dtype, o, stream, 0);
+  }
   t.join(stream);
 }
 

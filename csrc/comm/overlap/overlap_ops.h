@@ -147,6 +147,10 @@ struct BulkConfig {
   // GEMM runs (0: the GEMM plans for the whole GPU). all_gather_beside_gemm uses no SMs for
   // its communication and leaves the GEMM's sm_count alone.
   int gemm_sm_margin = 16;
+  // reduce_scatter_beside_gemm: pieces the partial sums travel and are reduced in,
+  // 1..kMaxPieces (NOTE [bulk_rs pieces] in bulk.cpp); every op takes kPieceEpochs epochs of
+  // the buffer whatever the pieces.
+  int pieces = 1;
 };
 
 // The shard of a bulk all-gather: `bytes` contiguous bytes in the transport's memory, and

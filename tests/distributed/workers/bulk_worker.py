@@ -143,7 +143,11 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             ag.destroy()
             # ---- reduce-scatter beside a wgrad-like GEMM ----
             for out_dtype in (torch.bfloat16, E4M3) if use_fp8 else (torch.bfloat16,):
-                rs = ReduceScatterBesideGemm(comm, n * m + n * trial, k, torch.bfloat16)
+                # Pieces (NOTE [bulk_rs pieces]): more than m rows included (m = 1: one piece).
+                pieces = 1 + (trial + 2 * use_fp8 + (out_dtype == E4M3)) % 4
+                rs = ReduceScatterBesideGemm(
+                    comm, n * m + n * trial, k, torch.bfloat16, pieces=pieces
+                )
                 rs.buffer.put_split = 1 + trial % 3
                 rs.buffer.serial_puts = (trial + use_fp8) % 2 == 0
                 rs.reduce_max_blocks = (0, 8, 64)[trial % 3]  # grid bound: same result
@@ -174,7 +178,10 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
                     **ref_extra,
                     **gemm_kw,
                 )
-                what = f"bulk reduce-scatter trial {trial} fp8={use_fp8} out={out_dtype}"
+                what = (
+                    f"bulk reduce-scatter trial {trial} fp8={use_fp8} out={out_dtype} "
+                    f"pieces={pieces}"
+                )
                 same_bytes(got, want, f"{what}: output")
                 close(y, want_y, f"{what}: GEMM", use_fp8)
                 if fp8_out:
@@ -216,6 +223,7 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
             gathered = ag.gathered_input()
             if tp.rank == slow:
                 delay(0.03)
+            rs.pieces = 1 + i % 4  # several epochs per op (NOTE [bulk_rs pieces])
             dx, dw = rs(dgrad, dys[i], gathered, transa=True)  # dW [nout, k] = dY^T @ X
             got.append((gathered.clone(), dgrad.clone(), dx.clone(), dw.clone()))
             dgrad.fill_(NAN)
@@ -266,6 +274,9 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     if DEVICE.type == "cpu":  # op records: best effort on cuda (op_protocol.cpp NOTE)
         short = rand(m - (tp.rank == 0), k, gen)
         raises(StateError, "different sizes", lambda: ag(short, a, b))
+        rs.pieces = 2 if tp.rank == 0 else 1  # in the op record (NOTE [bulk_rs pieces])
+        raises(StateError, "different sizes", lambda: rs(partial, a, b))
+        rs.pieces = 1
     # Still usable, with matching results.
     y = ag(x, a, b)
     gathered, want = all_gather_beside_gemm_reference(x, a, b, group=tp.group)
