@@ -21,15 +21,19 @@ constexpr int kMaxInputs = 64;
 // Inputs loaded before any of them is summed: up to kLoadBatch independent 16-byte loads in
 // flight per thread (4 registers each), which hides the latency of peer memory.
 constexpr int kLoadBatch = 8;
-// NOTE [reduce loads in flight]: with k <= kSmallK inputs a thread takes kSmallVecs vectors a
-// grid-stride step (the second one grid-stride away, so each load instruction of a warp stays
-// one contiguous 512-byte run), all k * kSmallVecs loads issued before any sum: 2k loads in
-// flight instead of k. At k = 2 that is 64 bytes a thread, 64 KiB an SM at 1024 resident
-// threads (4 blocks at <= 64 registers), against the ~30 KiB an SM needs in flight to keep
-// HBM3e busy (Little's law: ~4.8 TB/s x ~0.8 us / 132 SMs, an estimate); one vector a step
-// (32 bytes at k = 2) sat at that edge.
+// NOTE [reduce loads in flight]: with k <= kSmallK inputs (k a template argument) a thread
+// takes kLoadsInFlight / k vectors a grid-stride step (the others grid-stride away, so each
+// load instruction of a warp stays one contiguous 512-byte run), all of the step's loads
+// issued before any sum: 8 independent 16-byte loads in flight per thread whatever k, 128
+// bytes a thread, 128 KiB an SM at 1024 resident threads (4 blocks at <= 64 registers).
+// Little's law (~4.8 TB/s x ~0.8 us / 132 SMs, an estimate) asks ~30 KiB an SM when every SM
+// reduces; a reduction beside a GEMM gets a few SMs (bulk_rs: 16 of 132 by default) and then
+// needs several times that to move its bytes at HBM latency. Measured beside the side GEMM
+// of bulk_rs (2xH200, k = 2, CUPTI): with 64 bytes in flight a thread (2 vectors of the 2
+// inputs, before), 192 MB of traffic took 215 us on 16 SMs, 56 GB/s an SM; with 128 bytes,
+// 48 MB took 77-85 us on 8 SMs, ~75 GB/s an SM. All instantiations stay <= 64 registers.
 constexpr int kSmallK = 4;
-constexpr int kSmallVecs = 2;
+constexpr int kLoadsInFlight = 8;
 
 struct InputPointers {
   const void* ptr[kMaxInputs];
@@ -73,25 +77,23 @@ __device__ __forceinline__ void store_vector(void* out, std::size_t i, const flo
   }
 }
 
-// The sum of element vector v (kVec elements) of the k <= kSmallK inputs, NOTE [reduction
-// order], from loads already made: x[p] is input p's vector.
-template <typename T, int kVec>
-__device__ __forceinline__ void sum_loaded(const uint4 (&x)[kSmallK], int k, float (&acc)[kVec]) {
+// The sum of one element vector (kVec elements) of the kK inputs, NOTE [reduction order], from
+// loads already made: x[p] is input p's vector.
+template <typename T, int kVec, int kK>
+__device__ __forceinline__ void sum_loaded(const uint4 (&x)[kK], float (&acc)[kVec]) {
 #pragma unroll
   for (int j = 0; j < kVec; ++j) acc[j] = element<T>(x[0], j);
 #pragma unroll
-  for (int p = 1; p < kSmallK; ++p) {
-    if (p < k) {
+  for (int p = 1; p < kK; ++p) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) acc[j] = __fadd_rn(acc[j], element<T>(x[p], j));
-    }
+    for (int j = 0; j < kVec; ++j) acc[j] = __fadd_rn(acc[j], element<T>(x[p], j));
   }
 }
 
 // NOTE [reduction order] (reduce.h): acc = in[0]; acc += in[1]; ... with __fadd_rn, so that
-// the sum is the host reference's to the bit. kSmall: k <= kSmallK (NOTE [reduce loads in
-// flight]).
-template <typename T, DType kOut, bool kSmall>
+// the sum is the host reference's to the bit. kK: the number of inputs k when k <= kSmallK
+// (NOTE [reduce loads in flight]), else 0 (any k, the runtime argument).
+template <typename T, DType kOut, int kK>
 __global__ void __launch_bounds__(kThreads)
     reduce_kernel(const InputPointers in, int k, std::size_t n, void* out, const float* scale,
                   float* scale_inv, unsigned* amax, bool vectorized) {
@@ -112,29 +114,30 @@ __global__ void __launch_bounds__(kThreads)
     local = max(local, abs_bits(acc));
     store_one<kOut>(out, i, acc, s);
   };
-  if constexpr (kSmall) {
-    // NOTE [vector and scalar paths] with kSmallVecs vectors a step, then the scalar tail.
+  if constexpr (kK > 0) {
+    // NOTE [vector and scalar paths] with kVecs vectors a step, then the scalar tail.
+    constexpr int kVecs = kLoadsInFlight / kK;
     const std::size_t tid = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
     const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
     const std::size_t n_vec = vectorized ? n / kVec : 0;
-    for (std::size_t v0 = tid; v0 < n_vec; v0 += kSmallVecs * stride) {
-      uint4 x[kSmallVecs][kSmallK];
+    for (std::size_t v0 = tid; v0 < n_vec; v0 += kVecs * stride) {
+      uint4 x[kVecs][kK];
 #pragma unroll
-      for (int u = 0; u < kSmallVecs; ++u) {
+      for (int u = 0; u < kVecs; ++u) {
         const std::size_t i = (v0 + u * stride) * kVec;
 #pragma unroll
-        for (int p = 0; p < kSmallK; ++p) {
+        for (int p = 0; p < kK; ++p) {
           x[u][p] = make_uint4(0u, 0u, 0u, 0u);
-          if (p < k && v0 + u * stride < n_vec) {
+          if (v0 + u * stride < n_vec) {
             x[u][p] = *(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + i));
           }
         }
       }
 #pragma unroll
-      for (int u = 0; u < kSmallVecs; ++u) {
+      for (int u = 0; u < kVecs; ++u) {
         if (v0 + u * stride < n_vec) {
           float acc[kVec];
-          sum_loaded<T, kVec>(x[u], k, acc);
+          sum_loaded<T, kVec, kK>(x[u], acc);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) local = max(local, abs_bits(acc[j]));
           store_vector<kOut, kVec>(out, (v0 + u * stride) * kVec, acc, s);
@@ -245,14 +248,26 @@ void reduce_pointers_cuda(const void* const* inputs, DType dtype, std::size_t k,
       if (amax != nullptr && !accumulate_amax) {
         OVERLAP_CHECK_CUDA(cudaMemsetAsync(amax, 0, sizeof(float), stream));
       }
-      if (k <= static_cast<std::size_t>(kSmallK)) {
-        reduce_kernel<T, kOut, true>
-            <<<grid, kThreads, 0, stream>>>(in, static_cast<int>(k), n, out, scale, scale_inv,
-                                            reinterpret_cast<unsigned*>(amax), vectorized);
-      } else {
-        reduce_kernel<T, kOut, false>
-            <<<grid, kThreads, 0, stream>>>(in, static_cast<int>(k), n, out, scale, scale_inv,
-                                            reinterpret_cast<unsigned*>(amax), vectorized);
+      const auto launch = [&](auto kernel) {
+        kernel<<<grid, kThreads, 0, stream>>>(in, static_cast<int>(k), n, out, scale, scale_inv,
+                                              reinterpret_cast<unsigned*>(amax), vectorized);
+      };
+      static_assert(kSmallK == 4, "one instantiation per k <= kSmallK below");
+      switch (k) {
+        case 1:
+          launch(reduce_kernel<T, kOut, 1>);
+          break;
+        case 2:
+          launch(reduce_kernel<T, kOut, 2>);
+          break;
+        case 3:
+          launch(reduce_kernel<T, kOut, 3>);
+          break;
+        case 4:
+          launch(reduce_kernel<T, kOut, 4>);
+          break;
+        default:
+          launch(reduce_kernel<T, kOut, 0>);
       }
       OVERLAP_CHECK_LAUNCH("reduce_kernel");
     });
