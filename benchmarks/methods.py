@@ -271,6 +271,12 @@ def _serial_differs(case: Case, kwargs: Mapping[str, Any]) -> bool:
     return kwargs.get("serial", True) or case.comm.group.size > 2
 
 
+def _bulk_rs_setting(case: Case, kwargs: Mapping[str, Any]) -> bool:
+    """As :func:`_serial_differs`; the GEMM's SM margin only exists on cuda (the host runs
+    margin 0 only)."""
+    return _serial_differs(case, kwargs) and (case.cuda or kwargs.get("margin", 0) == 0)
+
+
 def _ag_pipeline(
     case: Case, *, lanes: int, split: int, staggered: bool, pieces: int = 1, pull: bool = False
 ) -> Runner:
@@ -408,5 +414,5 @@ register(
     "bulk",
     _bulk_rs,
     grid(serial=(True, False), margin=(0, 4, 8, 16), pieces=(1, 2, 4)),
-    when=_serial_differs,
+    when=_bulk_rs_setting,
 )

@@ -202,13 +202,13 @@ class GemmOverlapConfig:
             chunks are computed, pulled and summed in rounds, NOTE [gemm_rs pieces]): for
             shapes whose communication takes about as long as the GEMM. ``BULK_RS``: the
             partial sums travel and are summed in pieces, each as soon as it has landed
-            (NOTE [bulk_rs pieces]).
+            (NOTE [bulk_rs pieces]). ``None``: the op's default, 4 for ``BULK_RS``, else 1.
         reduce_max_blocks: bound on the reduction kernel's grid, 0 = fill the GPU
             (``PIPELINE_RS`` and ``BULK_RS``; ``None``: the op's default, 0 for
-            ``PIPELINE_RS`` and 64 blocks, 16 SMs, for ``BULK_RS``, which runs beside a GEMM;
+            ``PIPELINE_RS`` and 64 blocks for ``BULK_RS``, which runs beside a GEMM;
             ``RING_RS``: its FP8 output cast, default 0).
         gemm_sm_margin: ``BULK_RS`` only: SMs the side GEMM leaves to the reduction when the
-            call gives no ``sm_count`` (``None``: the op's default, 16).
+            call gives no ``sm_count`` (``None``: the op's default, 8).
         ring_subchunks: sub-chunks each ring hop is pipelined in, 1..4 (``RING_RS`` only;
             NOTE [gemm_rs_ring schedule]).
         fp8: the GEMM's input travels in FP8 (``RING_AG`` / ``BULK_AG``: the buffer holds FP8
@@ -225,7 +225,7 @@ class GemmOverlapConfig:
     fp8: bool = False
     gemm_sm_margin: int | None = None
     ring_subchunks: int = 2
-    pieces: int = 1
+    pieces: int | None = None
 
     def __post_init__(self) -> None:
         if self.method is not None and not isinstance(self.method, OverlapMethod):
@@ -243,7 +243,7 @@ class GemmOverlapConfig:
         )
         _check_int("GemmOverlapConfig.gemm_sm_margin", self.gemm_sm_margin, 0, None, optional=True)
         _check_int("GemmOverlapConfig.ring_subchunks", self.ring_subchunks, 1, 4)
-        _check_int("GemmOverlapConfig.pieces", self.pieces, 1, 4)
+        _check_int("GemmOverlapConfig.pieces", self.pieces, 1, 4, optional=True)
         for field in ("staggered_puts", "pull_shards", "fp8"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(
@@ -265,6 +265,13 @@ class GemmOverlapConfig:
         return _BULK_RS_MAX_BLOCKS if self.method is OverlapMethod.BULK_RS else 0
 
     @property
+    def piece_count(self) -> int:
+        """``pieces`` with the op's default filled in."""
+        if self.pieces is not None:
+            return self.pieces
+        return _BULK_RS_PIECES if self.method is OverlapMethod.BULK_RS else 1
+
+    @property
     def sm_margin(self) -> int:
         """``gemm_sm_margin`` with the op's default filled in."""
         return _BULK_RS_SM_MARGIN if self.gemm_sm_margin is None else self.gemm_sm_margin
@@ -276,14 +283,14 @@ class GemmOverlapConfig:
         m = self.method
         if m is OverlapMethod.RING_AG:
             order = "pull" if self.pull_shards else "staggered" if self.staggered_puts else "all"
-            parts = [f"pieces={self.pieces}", order]
+            parts = [f"pieces={self.piece_count}", order]
         elif m is OverlapMethod.PIPELINE_RS:
-            parts = [f"pieces={self.pieces}", f"max_blocks={self.max_blocks}"]
+            parts = [f"pieces={self.piece_count}", f"max_blocks={self.max_blocks}"]
         elif m is OverlapMethod.RING_RS:
             parts = [f"subchunks={self.ring_subchunks}", "pull" if self.pull_shards else "push"]
         elif m is OverlapMethod.BULK_RS:
             parts = [
-                f"pieces={self.pieces}",
+                f"pieces={self.piece_count}",
                 f"max_blocks={self.max_blocks}",
                 f"sm_margin={self.sm_margin}",
             ]
@@ -294,7 +301,8 @@ class GemmOverlapConfig:
 
 # The defaults of ReduceScatterBesideGemm (overlap.ops.bulk).
 _BULK_RS_MAX_BLOCKS = 64
-_BULK_RS_SM_MARGIN = 16
+_BULK_RS_SM_MARGIN = 8
+_BULK_RS_PIECES = 4
 
 
 def _check_int(field: str, value: object, lo: int, hi: int | None, optional: bool = False) -> None:
@@ -562,7 +570,7 @@ class Userbuffers:
                 *args,
                 compute_lanes=cfg.lanes,
                 staggered_puts=cfg.staggered_puts,
-                pieces=cfg.pieces,
+                pieces=cfg.piece_count,
                 pull_shards=cfg.pull_shards,
                 name=name,
                 buffer=buffer,
@@ -574,7 +582,7 @@ class Userbuffers:
                 reduce_max_blocks=cfg.max_blocks,
                 method="ring" if cfg.method is OverlapMethod.RING_RS else "pipelined",
                 ring_subchunks=cfg.ring_subchunks,
-                pieces=cfg.pieces if cfg.method is OverlapMethod.PIPELINE_RS else 1,
+                pieces=cfg.piece_count if cfg.method is OverlapMethod.PIPELINE_RS else 1,
                 pull_shards=cfg.pull_shards and cfg.method is OverlapMethod.RING_RS,
                 name=name,
                 buffer=buffer,
@@ -584,7 +592,7 @@ class Userbuffers:
                 *args,
                 reduce_max_blocks=cfg.max_blocks,
                 gemm_sm_margin=cfg.sm_margin,
-                pieces=cfg.pieces,
+                pieces=cfg.piece_count,
                 name=name,
                 buffer=buffer,
             )

@@ -310,16 +310,21 @@ class ReduceScatterBesideGemm:
         dtype: the partial sums' dtype (bfloat16/float16/float32); the output is this dtype or
             FP8 (chosen per call).
         reduce_max_blocks: bound on the reduction kernel's grid on cuda (256-thread blocks, 4
-            per SM: the default 64 keeps 16 SMs; 0 fills the GPU).
+            per SM: 64, the default, fills 16 SMs where free; 0 fills the GPU).
         gemm_sm_margin: SMs the side GEMM leaves free for the reduction when the call gives no
             ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU).
         pieces: pieces the partial sums travel and are reduced in, 1..4 (NOTE [bulk_rs
             pieces] in ``bulk.cpp``): each piece is summed as soon as it has landed, beside the
             later pushes, instead of the whole output after the last byte, so the reduction
             needs fewer of the GEMM's SMs at a time. Every rank must pass the same value.
+
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on (at least
             :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in :mod:`overlap.ops.ag_gemm`).
+
+    The defaults, 8 SMs and 4 pieces, were faster than the former 16 SMs and 1 piece on 15 of
+    the 16 bulk_rs rows of two TP 2 runs on 2xH200 (``python -m benchmarks.overlap_ops
+    --launch 2 --cuda --full --ops bulk_rs``, whose table names each row's best pair).
 
     Construction is COLLECTIVE; :meth:`destroy` frees the buffer the object created.
     """
@@ -340,8 +345,8 @@ class ReduceScatterBesideGemm:
         dtype: torch.dtype,
         *,
         reduce_max_blocks: int = 64,
-        gemm_sm_margin: int = 16,
-        pieces: int = 1,
+        gemm_sm_margin: int = 8,
+        pieces: int = 4,
         name: str = "bulk_rs",
         buffer: SymmetricBuffer | None = None,
     ) -> None:

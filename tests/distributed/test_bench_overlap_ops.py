@@ -107,7 +107,7 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
     _check_bulk_rows([bulk_ag], {"bulk/serial", "bulk"})
     _check_bulk_rows(
         [r for r in rows if r["op"] == "bulk_rs"],
-        {"bulk/serial-margin0", "bulk/serial-margin16", "bulk/margin0", "bulk/margin16"},
+        {f"bulk/{s}margin0-pieces{p}" for s in ("serial-", "") for p in (1, 2, 4)},
     )
     assert result["summary"]["rows"] == 4 == result["summary"]["rows_timed"]
     assert result["summary_bulk"]["rows"] == 2 == result["summary_bulk"]["rows_timed"]

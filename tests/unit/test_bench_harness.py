@@ -347,15 +347,17 @@ def test_variant_applicability_follows_the_transport() -> None:
     assert not any(v.applies(FakeCase("gemm_rs", cuda=True)) for v in ag)
 
 
-def test_bulk_variants_drop_all_at_once_puts_with_one_peer() -> None:
-    def case(tp: int) -> object:
+def test_bulk_variants_drop_all_at_once_puts_with_one_peer_and_margins_on_host() -> None:
+    def case(tp: int, cuda: bool = True) -> object:
         comm = types.SimpleNamespace(group=types.SimpleNamespace(size=tp))
-        return types.SimpleNamespace(op="bulk_rs", cuda=True, comm=comm)
+        return types.SimpleNamespace(op="bulk_rs", cuda=cuda, comm=comm)
 
     rs = [v for v in methods.registered() if v.op == "bulk_rs"]
     at = {tp: [v.name for v in rs if v.applies(case(tp))] for tp in (2, 4)}
     assert at[2] and all("serial" in n for n in at[2])  # one peer: serial or not, the same
     assert set(at[2]) < set(at[4]) and len(at[4]) == 2 * len(at[2])
+    on_host = [v.name for v in rs if v.applies(case(4, cuda=False))]
+    assert on_host and set(on_host) < set(at[4]) and all("margin0-" in n for n in on_host)
 
 
 def test_case_keep_builds_once_and_releases_newest_first() -> None:

@@ -140,17 +140,17 @@ struct SideGemm {
 // Tuning of a bulk op; the results do not depend on it.
 struct BulkConfig {
   // reduce_scatter_beside_gemm: bound on the reduction kernel's grid (<= 0: fill the GPU).
-  // The kernel's blocks are 256 threads, 4 resident per SM: 64 blocks keep 16 SMs.
+  // The kernel's blocks are 256 threads, 4 resident per SM: 64 blocks fill 16 SMs.
   int reduce_max_blocks = 64;
   // reduce_scatter_beside_gemm, cuda: when the side GEMM gives no sm_count of its own, it
   // plans for (device SMs - gemm_sm_margin) so that the reduction finds SMs free while the
   // GEMM runs (0: the GEMM plans for the whole GPU). all_gather_beside_gemm uses no SMs for
   // its communication and leaves the GEMM's sm_count alone.
-  int gemm_sm_margin = 16;
+  int gemm_sm_margin = 8;
   // reduce_scatter_beside_gemm: pieces the partial sums travel and are reduced in,
   // 1..kMaxPieces (NOTE [bulk_rs pieces] in bulk.cpp); every op takes kPieceEpochs epochs of
   // the buffer whatever the pieces.
-  int pieces = 1;
+  int pieces = 4;
 };
 
 // The shard of a bulk all-gather: `bytes` contiguous bytes in the transport's memory, and
