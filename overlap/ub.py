@@ -32,6 +32,15 @@ ring, sized for the larger need) on another. A gathered input
 (``AllGatherGemm.gathered_input``) is therefore only defined until the next op of any GEMM
 name of that kind; never save it for backward (DESIGN.md invariant 2).
 
+NOTE [ub tp 2]: at TP 2 (``UbConfig.tp``, which :func:`initialize_ub` sets to its group's
+size) proj/fc2 fprop default to ``RING_RS`` with ``pull_shards`` (two sub-chunks, one compute
+lane) instead of ``PIPELINE_RS``. On 2xH200 (``python -m benchmarks.overlap_ops --launch 2
+--cuda --full``, 2026-11-22) that ring was faster than the pipelined default (one lane, one
+copy per peer) on 11 of the 12 GEMM+RS rows of the suite, by up to 8% (proj FP8 M 16384:
+0.906 -> 0.830 ms; te4096 FP8 0.235 -> 0.227; fc2 FP8 M 16384 3.027 -> 2.899), and 3%
+slower on fc2 FP8 M 8192 (1.457 -> 1.504). Other TP sizes keep ``PIPELINE_RS``: the ring
+with pulls has not been measured there yet.
+
 NOTE [ub bulk]: the backward of qkv/fc1 (column-parallel, sequence-parallel input) defaults to
 TransformerEngine's and Megatron-LM's bulk pair: ``{layer}_dgrad`` is ``BULK_AG`` (gather the
 input for wgrad while dgrad ``dX = dY W`` runs; dgrad's output stays ``[T, H]`` partial sums)
@@ -133,26 +142,29 @@ def _direction(name: str) -> OverlapMethod | None:
     return OverlapMethod.RING_AG if gathers else OverlapMethod.PIPELINE_RS
 
 
-def default_method(name: str) -> OverlapMethod:
+def default_method(name: str, tp: int | None = None) -> OverlapMethod:
     """The default method of a standard GEMM name: fprop of qkv/fc1 and dgrad of proj/fc2 are
-    ``RING_AG``; fprop of proj/fc2 is ``PIPELINE_RS``; dgrad of qkv/fc1 is ``BULK_AG`` and
-    their wgrad ``BULK_RS`` (TE's and Megatron-LM's layout, NOTE [ub bulk]); wgrad of proj/fc2
-    is ``NONE`` (no collective). :class:`UbConfig` makes qkv/fc1 wgrad default to ``NONE``
-    when their dgrad is ``PIPELINE_RS``."""
+    ``RING_AG``; fprop of proj/fc2 is ``PIPELINE_RS``, or at ``tp`` 2 ``RING_RS`` (with
+    ``pull_shards``, NOTE [ub tp 2]); dgrad of qkv/fc1 is ``BULK_AG`` and their wgrad
+    ``BULK_RS`` (TE's and Megatron-LM's layout, NOTE [ub bulk]); wgrad of proj/fc2 is
+    ``NONE`` (no collective). :class:`UbConfig` makes qkv/fc1 wgrad default to ``NONE`` when
+    their dgrad is ``PIPELINE_RS``."""
     _check_name(name)
     layer, pass_ = name.split("_")
     column_parallel = layer in ("qkv", "fc1")
     if pass_ == "fprop" or not column_parallel:
         direction = _direction(name)
+        if direction is OverlapMethod.PIPELINE_RS and tp == 2:
+            return OverlapMethod.RING_RS
         return direction if direction is not None else OverlapMethod.NONE
     return OverlapMethod.BULK_AG if pass_ == "dgrad" else OverlapMethod.BULK_RS
 
 
-def _default_in(name: str, given: Mapping[str, GemmOverlapConfig]) -> OverlapMethod:
+def _default_in(name: str, given: Mapping[str, GemmOverlapConfig], tp: int | None) -> OverlapMethod:
     """:func:`default_method`, except that qkv/fc1 wgrad is ``NONE`` when the same layer's
     dgrad is given as ``PIPELINE_RS`` or ``RING_RS`` (its partial sums are then already
     reduce-scattered; NOTE [ub bulk])."""
-    method = default_method(name)
+    method = default_method(name, tp)
     layer, pass_ = name.split("_")
     dgrad = given.get(f"{layer}_dgrad")
     if pass_ == "wgrad" and dgrad is not None and dgrad.method in _GEMM_RS:
@@ -195,8 +207,9 @@ class GemmOverlapConfig:
         pull_shards: the peers pull what they need instead of it being pushed to them
             (``RING_AG``: each rank's shard, after two device-side handshakes, NOTE [ag_gemm
             pulls], ``put_split`` and ``staggered_puts`` then do not apply; ``RING_RS``: the
-            running sums, NOTE [gemm_rs_ring pulls]; ignored by the other methods). Default
-            False.
+            running sums, NOTE [gemm_rs_ring pulls]; ignored by the other methods). ``None``:
+            the default, False, except for a ``RING_RS`` that :class:`UbConfig` chose by
+            default at TP 2, which it sets to True (NOTE [ub tp 2]).
         pieces: pieces each chunk is split into, 1..4 (``RING_AG``: each peer's shard
             travels and is multiplied in pieces, NOTE [ag_gemm pieces]; ``PIPELINE_RS``: the
             chunks are computed, pulled and summed in rounds, NOTE [gemm_rs pieces]): for
@@ -220,7 +233,7 @@ class GemmOverlapConfig:
     compute_lanes: int | None = None
     put_split: int = 1
     staggered_puts: bool = True
-    pull_shards: bool = False
+    pull_shards: bool | None = None
     reduce_max_blocks: int | None = None
     fp8: bool = False
     gemm_sm_margin: int | None = None
@@ -245,7 +258,8 @@ class GemmOverlapConfig:
         _check_int("GemmOverlapConfig.ring_subchunks", self.ring_subchunks, 1, 4)
         _check_int("GemmOverlapConfig.pieces", self.pieces, 1, 4, optional=True)
         for field in ("staggered_puts", "pull_shards", "fp8"):
-            if not isinstance(getattr(self, field), bool):
+            value = getattr(self, field)
+            if not isinstance(value, bool) and not (field == "pull_shards" and value is None):
                 raise ConfigError(
                     f"GemmOverlapConfig.{field}: {getattr(self, field)!r} must be True or False"
                 )
@@ -265,6 +279,11 @@ class GemmOverlapConfig:
         return _BULK_RS_MAX_BLOCKS if self.method is OverlapMethod.BULK_RS else 0
 
     @property
+    def pulls(self) -> bool:
+        """``pull_shards`` with the default filled in (``None``: False)."""
+        return bool(self.pull_shards)
+
+    @property
     def piece_count(self) -> int:
         """``pieces`` with the op's default filled in."""
         if self.pieces is not None:
@@ -282,12 +301,12 @@ class GemmOverlapConfig:
         :meth:`Userbuffers.describe` lists them: e.g. ``"subchunks=2 pull"``."""
         m = self.method
         if m is OverlapMethod.RING_AG:
-            order = "pull" if self.pull_shards else "staggered" if self.staggered_puts else "all"
+            order = "pull" if self.pulls else "staggered" if self.staggered_puts else "all"
             parts = [f"pieces={self.piece_count}", order]
         elif m is OverlapMethod.PIPELINE_RS:
             parts = [f"pieces={self.piece_count}", f"max_blocks={self.max_blocks}"]
         elif m is OverlapMethod.RING_RS:
-            parts = [f"subchunks={self.ring_subchunks}", "pull" if self.pull_shards else "push"]
+            parts = [f"subchunks={self.ring_subchunks}", "pull" if self.pulls else "push"]
         elif m is OverlapMethod.BULK_RS:
             parts = [
                 f"pieces={self.piece_count}",
@@ -334,9 +353,11 @@ class UbConfig:
         fp8_dtype: the FP8 dtype of ``fp8`` GEMMs' inputs (``"float8_e4m3fn"`` or
             ``"float8_e5m2"``).
         timeout_s: deadline of every wait (``None``: ``OVERLAP_TIMEOUT_S``).
-        gemms: per-GEMM settings; a missing name gets its default method
-            (:func:`default_method`). After construction every standard name is present with
-            a concrete method.
+        gemms: per-GEMM settings; a missing name, or one whose ``method`` is ``None``, gets
+            its default method (:func:`default_method`). After construction every standard
+            name is present with a concrete method.
+        tp: the TP size the defaults are chosen for (``None``: any; :func:`initialize_ub`
+            fills in its group's size and refuses a config made for another).
     """
 
     tokens: int
@@ -345,6 +366,7 @@ class UbConfig:
     fp8_dtype: Any = "float8_e4m3fn"
     timeout_s: float | None = None
     gemms: Mapping[str, GemmOverlapConfig] = dataclasses.field(default_factory=dict)
+    tp: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("UbConfig.tokens", self.tokens, 1, None)
@@ -357,6 +379,7 @@ class UbConfig:
             isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0
         ):
             raise ConfigError(f"UbConfig.timeout_s: {self.timeout_s!r} must be > 0 or None")
+        _check_int("UbConfig.tp", self.tp, 1, None, optional=True)
         if not isinstance(self.gemms, Mapping):
             raise ConfigError(f"UbConfig.gemms: expected a mapping, got {type(self.gemms)}")
         full: dict[str, GemmOverlapConfig] = {}
@@ -370,7 +393,9 @@ class UbConfig:
         for name in GEMM_NAMES:
             cfg = full.get(name, GemmOverlapConfig())
             if cfg.method is None:
-                cfg = dataclasses.replace(cfg, method=_default_in(name, full))
+                cfg = dataclasses.replace(cfg, method=_default_in(name, full, self.tp))
+                if cfg.method is OverlapMethod.RING_RS and cfg.pull_shards is None:
+                    cfg = dataclasses.replace(cfg, pull_shards=True)  # NOTE [ub tp 2]
             if cfg.method not in _allowed(name):
                 raise ConfigError(
                     f"UbConfig.gemms[{name!r}].method: {cfg.method.value!r} does not fit "
@@ -481,7 +506,13 @@ def _te_method(name: str, method: object) -> OverlapMethod | None:
 
 
 def _check_tp(config: UbConfig, tp: int) -> None:
-    """What the ops need of the TP size: the tokens split evenly over the ranks."""
+    """What the ops need of the TP size: the tokens split evenly over the ranks; and a config
+    whose defaults were chosen for a TP size was chosen for this one."""
+    if config.tp is not None and config.tp != tp:
+        raise ConfigError(
+            f"UbConfig.tp: the config was made for TP size {config.tp} but the group has {tp} "
+            "ranks (leave tp=None, or make it for this group)"
+        )
     if config.tokens % tp:
         raise ConfigError(
             f"UbConfig.tokens: {config.tokens} is not divisible by the TP size {tp} "
@@ -571,7 +602,7 @@ class Userbuffers:
                 compute_lanes=cfg.lanes,
                 staggered_puts=cfg.staggered_puts,
                 pieces=cfg.piece_count,
-                pull_shards=cfg.pull_shards,
+                pull_shards=cfg.pulls,
                 name=name,
                 buffer=buffer,
             )
@@ -583,7 +614,7 @@ class Userbuffers:
                 method="ring" if cfg.method is OverlapMethod.RING_RS else "pipelined",
                 ring_subchunks=cfg.ring_subchunks,
                 pieces=cfg.piece_count if cfg.method is OverlapMethod.PIPELINE_RS else 1,
-                pull_shards=cfg.pull_shards and cfg.method is OverlapMethod.RING_RS,
+                pull_shards=cfg.pulls and cfg.method is OverlapMethod.RING_RS,
                 name=name,
                 buffer=buffer,
             )
@@ -778,6 +809,7 @@ def initialize_ub(
     """
     if register and _REGISTRY:
         raise StateError("initialize_ub: already initialised; call destroy_ub() first")
+    bootstrap = _bootstrap(tp_group, mesh_dim)
     config = _make_config(
         shape,
         dtype=dtype,
@@ -785,12 +817,12 @@ def initialize_ub(
         fp8_dtype=fp8_dtype,
         ub_cfgs=ub_cfgs,
         timeout_s=timeout_s,
+        tp=bootstrap.size,
     )
     from overlap.comm import Communicator
 
     if transport is None:
         transport = "cuda" if _cuda_usable() else "host"
-    bootstrap = _bootstrap(tp_group, mesh_dim)
     _check_tp(config, bootstrap.size)  # before anything collective
     comm = Communicator(bootstrap, transport, timeout_s=config.timeout_s, device=device)
     handle = Userbuffers(config, comm)
@@ -817,6 +849,7 @@ def _make_config(
     fp8_dtype: Any,
     ub_cfgs: UbConfig | Mapping[str, Any] | None,
     timeout_s: float | None,
+    tp: int,
 ) -> UbConfig:
     if not (isinstance(shape, (tuple, list)) and len(shape) == 2):
         raise ConfigError(f"shape: {shape!r} must be (tokens, hidden)")
@@ -838,11 +871,11 @@ def _make_config(
     entries = dict(ub_cfgs or {})
     if entries and not all(isinstance(v, GemmOverlapConfig) for v in entries.values()):
         base = UbConfig.from_te_dict(
-            entries, tokens=tokens, hidden=hidden, dtype=dtype, fp8_dtype=fp8_dtype
+            entries, tokens=tokens, hidden=hidden, dtype=dtype, fp8_dtype=fp8_dtype, tp=tp
         )
         entries = {n: base.gemms[n] for n in entries}
     gemms = {n: entries.get(n, GemmOverlapConfig(fp8=use_fp8)) for n in GEMM_NAMES}
-    return UbConfig(tokens, hidden, dtype, fp8_dtype, timeout_s, gemms)
+    return UbConfig(tokens, hidden, dtype, fp8_dtype, timeout_s, gemms, tp)
 
 
 def _default() -> Userbuffers:

@@ -78,6 +78,30 @@ def test_default_methods() -> None:
     assert cfg.gemms["qkv_fprop"].piece_count == 1 == cfg.gemms["proj_fprop"].piece_count
 
 
+def test_tp2_defaults_to_the_ring_with_pulls() -> None:
+    # NOTE [ub tp 2]
+    rs_names = ("proj_fprop", "fc2_fprop")
+    assert all(default_method(n, 2) is M.RING_RS for n in rs_names)
+    assert all(default_method(n, tp) is M.PIPELINE_RS for n in rs_names for tp in (None, 1, 4))
+    assert all(default_method(n, 2) == DEFAULTS[n] for n in GEMM_NAMES if n not in rs_names)
+    cfg = UbConfig(tokens=8, hidden=4, tp=2)
+    proj, fc2 = cfg.gemms["proj_fprop"], cfg.gemms["fc2_fprop"]
+    assert proj == fc2 == GemmOverlapConfig(M.RING_RS, pull_shards=True)
+    assert proj.pulls and proj.settings == "subchunks=2 pull" and proj.lanes == 1
+    assert not UbConfig(tokens=8, hidden=4, tp=4).gemms["proj_fprop"].pulls
+    # Given settings stay: an explicit method, or pushes on the default ring.
+    given = {
+        "proj_fprop": GemmOverlapConfig(M.PIPELINE_RS),
+        "fc2_fprop": GemmOverlapConfig(pull_shards=False, fp8=True),
+    }
+    cfg = UbConfig(tokens=8, hidden=4, tp=2, gemms=given)
+    assert cfg.gemms["proj_fprop"] == GemmOverlapConfig(M.PIPELINE_RS)
+    assert cfg.gemms["fc2_fprop"] == GemmOverlapConfig(M.RING_RS, pull_shards=False, fp8=True)
+    # The TE-dict path: an entry without a method gets the TP 2 default as well.
+    te = UbConfig.from_te_dict({"proj_fprop": {"fp8_buf": True}}, tokens=8, hidden=4, tp=2)
+    assert te.gemms["proj_fprop"] == GemmOverlapConfig(M.RING_RS, pull_shards=True, fp8=True)
+
+
 def test_pipelined_dgrad_leaves_wgrad_nothing_to_scatter() -> None:
     # NOTE [ub bulk]: a PIPELINE_RS dgrad reduce-scatters itself; its wgrad defaults to NONE.
     cfg = UbConfig(8, 4, gemms={"fc1_dgrad": GemmOverlapConfig(M.PIPELINE_RS)})
@@ -127,6 +151,8 @@ def test_gemm_config_is_frozen_and_takes_strings() -> None:
         ({"dtype": "int8"}, r"UbConfig.dtype: 'int8' is not one of \['bfloat16'"),
         ({"fp8_dtype": torch.bfloat16}, "UbConfig.fp8_dtype: torch.bfloat16"),
         ({"timeout_s": 0}, "timeout_s: 0 must be > 0"),
+        ({"tp": 0}, r"UbConfig.tp: 0 is not an int in >= 1"),
+        ({"tp": True}, r"UbConfig.tp: True is not an int"),
         ({"gemms": {"qkv": GemmOverlapConfig()}}, r"unknown GEMM name 'qkv'; valid names: \["),
         ({"gemms": {"qkv_fprop": {"method": "ring_ag"}}}, "expected a GemmOverlapConfig"),
         (
@@ -399,6 +425,10 @@ def test_init_rejects_before_anything_collective() -> None:
     with pytest.raises(ConfigError, match="use_fp8 with a UbConfig"):
         init(ub_cfgs=cfg, use_fp8=True)
     assert init(ub_cfgs=cfg).config is cfg
+    destroy_ub()
+    with pytest.raises(ConfigError, match="made for TP size 2 but the group has 1 ranks"):
+        init(ub_cfgs=UbConfig(64, 32, tp=2))
+    assert init().config.tp == 1  # initialize_ub chooses the defaults for its group
 
 
 def test_te_dict_through_initialize_ub() -> None:

@@ -110,3 +110,24 @@ def per_tensor_fp8(x: torch.Tensor, scale: float) -> Any:
         rowwise_data=data,
         rowwise_scale_inv=scale_inv,
     )
+
+
+def close_ring(
+    got: torch.Tensor, want: torch.Tensor, what: str, n: int, roundoff: float, *, cuda: bool
+) -> None:
+    """A ring GEMM+RS against the reference. The ring rounds its running sum to the partial
+    dtype (unit roundoff ``roundoff``) at each of its n hops, the reference rounds each of the
+    n partial sums and then their sum: at most 2 (n + 1) roundings apart, relative to the
+    largest value (NOTE [gemm_rs_ring numerics]). On cuda the GEMM's own tolerance (2e-2) is
+    added. FP8 outputs may also round to a neighbouring code."""
+    import torch
+
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape)
+    g, w = got.float().cpu(), want.float().cpu()
+    assert torch.isfinite(g).all(), f"{what}: non-finite values (poison left?)"
+    tol = 2 * (n + 1) * roundoff + (2e-2 if cuda else 0.0)
+    bound = tol * w.abs().max().clamp_min(1e-6)
+    if got.dtype == torch.float8_e4m3fn:  # plus one FP8 step of either value
+        bound = bound + torch.maximum(g.abs(), w.abs()) * 2.0**-3 + 2.0**-9
+    err = (g - w).abs()
+    assert (err <= bound).all(), f"{what}: |diff| {err.max()} beyond the ring's rounding bound"

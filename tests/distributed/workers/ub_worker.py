@@ -16,7 +16,7 @@ import torch
 
 from overlap import destroy_ub, get_ub, initialize_ub
 from overlap.errors import ConfigError, InvalidArgumentError, StateError
-from overlap.ops import all_gather_gemm_reference, gemm_reduce_scatter_reference
+from overlap.ops import RsMethod, all_gather_gemm_reference, gemm_reduce_scatter_reference
 from overlap.ub import Userbuffers
 
 TOKENS_PER_RANK, HIDDEN, QKV_OUT, FFN = 6, 16, 24, 32  # tiny: CI has 2 cores
@@ -72,6 +72,18 @@ def main() -> None:
         (tokens, HIDDEN), group, torch.bfloat16, transport=s.transport, mesh_dim=mesh_dim
     )
     assert isinstance(ub, Userbuffers) and ub.tp == tp.size
+    # NOTE [ub tp 2]: at TP 2 proj/fc2 fprop default to the ring with pulls.
+    rs_method = RsMethod.RING if tp.size == 2 else RsMethod.PIPELINED
+    for name in ("proj_fprop", "fc2_fprop"):
+        op = ub.get(name)
+        assert op.method is rs_method and op.pull_shards == (tp.size == 2), (name, op.method)
+
+    def close_rs(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+        if rs_method is RsMethod.RING:  # its own rounding (NOTE [gemm_rs_ring numerics])
+            _worker.close_ring(got, want, what, tp.size, 2.0**-8, cuda=device.type == "cuda")
+        else:
+            close(got, want, what)
+
     totals = {int(b) for b in tp.allgather_bytes(str(ub.total_bytes).encode())}
     assert totals == {ub.total_bytes} and ub.total_bytes > 0, totals
     gen = torch.Generator().manual_seed(1234 + tp.rank)  # rank-specific activations
@@ -90,11 +102,11 @@ def main() -> None:
             close(got, want, f"qkv_fprop trial {trial} rows {rows}")
             y = rand(rows * tp.size, FFN, gen)
             got = get_ub("fc2_fprop")(y, w_fc2)
-            close(got, gemm_reduce_scatter_reference(y, w_fc2, group=tp.group), "fc2_fprop")
+            close_rs(got, gemm_reduce_scatter_reference(y, w_fc2, group=tp.group), "fc2_fprop")
             z = rand(rows * tp.size, HIDDEN, gen)
             w_proj = rand(HIDDEN, HIDDEN, shared) * 0.1
             got = ub.get("proj_fprop")(z, w_proj)
-            close(got, gemm_reduce_scatter_reference(z, w_proj, group=tp.group), "proj_fprop")
+            close_rs(got, gemm_reduce_scatter_reference(z, w_proj, group=tp.group), "proj_fprop")
     # Beyond the configured tokens: rejected on every rank before any communication.
     too_many = rand(TOKENS_PER_RANK + 1, HIDDEN, gen)
     _worker.expect_raises(
