@@ -215,13 +215,14 @@ class GemmOverlapConfig:
             chunks are computed, pulled and summed in rounds, NOTE [gemm_rs pieces]): for
             shapes whose communication takes about as long as the GEMM. ``BULK_RS``: the
             partial sums travel and are summed in pieces, each as soon as it has landed
-            (NOTE [bulk_rs pieces]). ``None``: the op's default, 4 for ``BULK_RS``, else 1.
+            (NOTE [bulk_rs pieces]). ``None``: the op's default (``BULK_RS``: 4 at TP 2, else
+            1, :func:`~overlap.ops.bulk.bulk_rs_defaults`; other methods 1).
         reduce_max_blocks: bound on the reduction kernel's grid, 0 = fill the GPU
             (``PIPELINE_RS`` and ``BULK_RS``; ``None``: the op's default, 0 for
             ``PIPELINE_RS`` and 64 blocks for ``BULK_RS``, which runs beside a GEMM;
             ``RING_RS``: its FP8 output cast, default 0).
         gemm_sm_margin: ``BULK_RS`` only: SMs the side GEMM leaves to the reduction when the
-            call gives no ``sm_count`` (``None``: the op's default, 8).
+            call gives no ``sm_count`` (``None``: the op's default, 8 at TP 2, else 16).
         ring_subchunks: sub-chunks each ring hop is pipelined in, 1..4 (``RING_RS`` only;
             NOTE [gemm_rs_ring schedule]).
         fp8: the GEMM's input travels in FP8 (``RING_AG`` / ``BULK_AG``: the buffer holds FP8
@@ -285,15 +286,16 @@ class GemmOverlapConfig:
 
     @property
     def piece_count(self) -> int:
-        """``pieces`` with the op's default filled in."""
+        """``pieces`` with the op's default filled in (a ``BULK_RS`` of any TP size:
+        :class:`UbConfig` fills in its TP size's)."""
         if self.pieces is not None:
             return self.pieces
-        return _BULK_RS_PIECES if self.method is OverlapMethod.BULK_RS else 1
+        return _bulk_rs_defaults(None)[1] if self.method is OverlapMethod.BULK_RS else 1
 
     @property
     def sm_margin(self) -> int:
-        """``gemm_sm_margin`` with the op's default filled in."""
-        return _BULK_RS_SM_MARGIN if self.gemm_sm_margin is None else self.gemm_sm_margin
+        """``gemm_sm_margin`` with the op's default filled in (as :attr:`piece_count`)."""
+        return _bulk_rs_defaults(None)[0] if self.gemm_sm_margin is None else self.gemm_sm_margin
 
     @property
     def settings(self) -> str:
@@ -320,8 +322,12 @@ class GemmOverlapConfig:
 
 # The defaults of ReduceScatterBesideGemm (overlap.ops.bulk).
 _BULK_RS_MAX_BLOCKS = 64
-_BULK_RS_SM_MARGIN = 8
-_BULK_RS_PIECES = 4
+
+
+def _bulk_rs_defaults(tp: int | None) -> tuple[int, int]:
+    from overlap.ops.bulk import bulk_rs_defaults
+
+    return bulk_rs_defaults(tp)
 
 
 def _check_int(field: str, value: object, lo: int, hi: int | None, optional: bool = False) -> None:
@@ -396,6 +402,12 @@ class UbConfig:
                 cfg = dataclasses.replace(cfg, method=_default_in(name, full, self.tp))
                 if cfg.method is OverlapMethod.RING_RS and cfg.pull_shards is None:
                     cfg = dataclasses.replace(cfg, pull_shards=True)  # NOTE [ub tp 2]
+            if cfg.method is OverlapMethod.BULK_RS and self.tp is not None:
+                margin, pieces = _bulk_rs_defaults(self.tp)  # NOTE [bulk_rs defaults]
+                if cfg.gemm_sm_margin is None:
+                    cfg = dataclasses.replace(cfg, gemm_sm_margin=margin)
+                if cfg.pieces is None:
+                    cfg = dataclasses.replace(cfg, pieces=pieces)
             if cfg.method not in _allowed(name):
                 raise ConfigError(
                     f"UbConfig.gemms[{name!r}].method: {cfg.method.value!r} does not fit "

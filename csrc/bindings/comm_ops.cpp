@@ -353,7 +353,7 @@ void register_comm_bulk_ops(py::module_& m) {
       py::arg("buffer"), py::arg("input"), py::arg("out"), py::arg("gemm"), py::kw_only(),
       py::arg("out_scale") = py::none(), py::arg("out_scale_inv") = py::none(),
       py::arg("out_amax") = py::none(), py::arg("reduce_max_blocks") = 64,
-      py::arg("gemm_sm_margin") = 8, py::arg("pieces") = 4, py::arg("stream") = 0,
+      py::arg("gemm_sm_margin") = 16, py::arg("pieces") = 1, py::arg("stream") = 0,
       "out = this rank's rows of ReduceScatter(input) while the GEMM described by `gemm` runs; "
       "see csrc/comm/overlap/overlap_ops.h.");
 }

@@ -51,10 +51,28 @@ if TYPE_CHECKING:
 
     from overlap.comm import Communicator, SymmetricBuffer
 
-__all__ = ["AllGatherBesideGemm", "ReduceScatterBesideGemm", "side_gemm"]
+__all__ = ["AllGatherBesideGemm", "ReduceScatterBesideGemm", "bulk_rs_defaults", "side_gemm"]
 
 _AG = "bulk_all_gather"
 _RS = "bulk_reduce_scatter"
+
+
+def bulk_rs_defaults(tp: int | None) -> tuple[int, int]:
+    """``(gemm_sm_margin, pieces)`` of a :class:`ReduceScatterBesideGemm` on ``tp`` ranks
+    (``None``: any TP size).
+
+    NOTE [bulk_rs defaults]: at TP 2, 8 SMs and 4 pieces (NOTE [bulk_rs pieces] in
+    ``bulk.cpp``); at other sizes, 16 SMs and 1 piece. Measured with ``python -m
+    benchmarks.overlap_ops --cuda --full`` (2026-11-22, the 8 bulk_rs rows each): on 2xH200 the
+    TP 2 pair beat 16 SMs and 1 piece on 15 of 16 rows over two runs (by up to 8%: fc1 bf16
+    M 8192 1.132 -> 1.062 x floor), and again over two more. On 4xH200 (``--launch 4 --tp
+    4``) it was faster on the GEMM-bound rows (fc1 bf16 M 8192 1.088 -> 0.988 x floor) but
+    35% slower on the comm-bound qkv FP8 rows (M 8192: 0.380 -> 0.513 ms; the reduce-scatter
+    takes 1.5x the GEMM there): with serial puts each piece's flag adds a gap on the one put
+    lane, 3 (P - 1) more gaps at TP 4. So TP > 2 keeps the former pair until the pieces'
+    flags leave the put lane.
+    """
+    return (8, 4) if tp == 2 else (16, 1)
 
 
 def _gemm_operand(
@@ -312,19 +330,17 @@ class ReduceScatterBesideGemm:
         reduce_max_blocks: bound on the reduction kernel's grid on cuda (256-thread blocks, 4
             per SM: 64, the default, fills 16 SMs where free; 0 fills the GPU).
         gemm_sm_margin: SMs the side GEMM leaves free for the reduction when the call gives no
-            ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU).
+            ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU; ``None``: 8 at TP 2,
+            else 16, NOTE [bulk_rs defaults] in :func:`bulk_rs_defaults`).
         pieces: pieces the partial sums travel and are reduced in, 1..4 (NOTE [bulk_rs
             pieces] in ``bulk.cpp``): each piece is summed as soon as it has landed, beside the
             later pushes, instead of the whole output after the last byte, so the reduction
-            needs fewer of the GEMM's SMs at a time. Every rank must pass the same value.
+            needs fewer of the GEMM's SMs at a time (``None``: 4 at TP 2, else 1). Every rank
+            must pass the same value.
 
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on (at least
             :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in :mod:`overlap.ops.ag_gemm`).
-
-    The defaults, 8 SMs and 4 pieces, were faster than the former 16 SMs and 1 piece on 15 of
-    the 16 bulk_rs rows of two TP 2 runs on 2xH200 (``python -m benchmarks.overlap_ops
-    --launch 2 --cuda --full --ops bulk_rs``, whose table names each row's best pair).
 
     Construction is COLLECTIVE; :meth:`destroy` frees the buffer the object created.
     """
@@ -345,8 +361,8 @@ class ReduceScatterBesideGemm:
         dtype: torch.dtype,
         *,
         reduce_max_blocks: int = 64,
-        gemm_sm_margin: int = 8,
-        pieces: int = 4,
+        gemm_sm_margin: int | None = None,
+        pieces: int | None = None,
         name: str = "bulk_rs",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
@@ -357,6 +373,9 @@ class ReduceScatterBesideGemm:
                 f"{_RS}: dtype (of the partial sums) must be bfloat16, float16 or float32, got "
                 f"{dtype}"
             )
+        default_margin, default_pieces = bulk_rs_defaults(tp)
+        gemm_sm_margin = default_margin if gemm_sm_margin is None else gemm_sm_margin
+        pieces = default_pieces if pieces is None else pieces
         if reduce_max_blocks < 0 or gemm_sm_margin < 0:
             raise InvalidArgumentError(
                 f"{_RS}: reduce_max_blocks ({reduce_max_blocks}) and gemm_sm_margin "

@@ -257,10 +257,13 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // work spread over a longer window, so a smaller SM margin suffices. Every op takes
 // kPieceEpochs epochs whatever P, so that ranks stay in step if one passes a different P
 // (the op record, which includes P, reports it). The same row with P = 4 and an 8-SM margin
-// (the defaults): each 16 MB piece landed in ~46 us (~7 us between pieces for the flag),
-// was reduced in 77-85 us on 8 SMs, and the last reduction ended with the GEMM (482-490
-// us for 124 SMs): 0.51 ms for the op, as with 16 SMs and one piece, while the bf16 rows
-// and the longer GEMMs of the suite gained 2-10% over that former default.
+// (the Python op's defaults at TP 2, NOTE [bulk_rs defaults]): each 16 MB piece landed in ~46 us
+// (~7 us between pieces for the flag), was reduced in 77-85 us on 8 SMs, and the last reduction
+// ended with the GEMM (482-490 us for 124 SMs): 0.51 ms for the op, as with 16 SMs and one piece,
+// while the bf16 rows and the longer GEMMs of the suite gained 2-10% over that pair. Where the
+// reduce-scatter takes longer than the GEMM (TP 4, qkv FP8), pieces cost: each piece's signal waits
+// behind its copy on the put lane and delays the next copy (4xH200, M 8192: 0.380 ms with
+// one piece, 0.513 with four).
 void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
                                 const ScatterOutput& out, const SideGemm& g,
                                 const BulkConfig& config, cudaStream_t stream) {

@@ -146,11 +146,12 @@ struct BulkConfig {
   // plans for (device SMs - gemm_sm_margin) so that the reduction finds SMs free while the
   // GEMM runs (0: the GEMM plans for the whole GPU). all_gather_beside_gemm uses no SMs for
   // its communication and leaves the GEMM's sm_count alone.
-  int gemm_sm_margin = 8;
+  int gemm_sm_margin = 16;
   // reduce_scatter_beside_gemm: pieces the partial sums travel and are reduced in,
   // 1..kMaxPieces (NOTE [bulk_rs pieces] in bulk.cpp); every op takes kPieceEpochs epochs of
-  // the buffer whatever the pieces.
-  int pieces = 4;
+  // the buffer whatever the pieces. (The Python op defaults to 8 SMs and 4 pieces at TP 2:
+  // NOTE [bulk_rs defaults] in overlap/ops/bulk.py.)
+  int pieces = 1;
 };
 
 // The shard of a bulk all-gather: `bytes` contiguous bytes in the transport's memory, and
