@@ -38,8 +38,9 @@ lane) instead of ``PIPELINE_RS``. On 2xH200 (``python -m benchmarks.overlap_ops 
 --cuda --full``, 2026-11-22) that ring was faster than the pipelined default (one lane, one
 copy per peer) on 11 of the 12 GEMM+RS rows of the suite, by up to 8% (proj FP8 M 16384:
 0.906 -> 0.830 ms; te4096 FP8 0.235 -> 0.227; fc2 FP8 M 16384 3.027 -> 2.899), and 3%
-slower on fc2 FP8 M 8192 (1.457 -> 1.504). Other TP sizes keep ``PIPELINE_RS``: the ring
-with pulls has not been measured there yet.
+slower on fc2 FP8 M 8192 (1.457 -> 1.504). Other TP sizes keep ``PIPELINE_RS``: on 4xH200
+(``--launch 4 --tp 4``, the same day) that ring was faster on 5 of the 12 rows (proj FP8 M
+16384: 0.761 -> 0.705 ms) and slower on 7 (fc2 FP8 M 16384: 1.491 -> 1.527).
 
 NOTE [ub bulk]: the backward of qkv/fc1 (column-parallel, sequence-parallel input) defaults to
 TransformerEngine's and Megatron-LM's bulk pair: ``{layer}_dgrad`` is ``BULK_AG`` (gather the

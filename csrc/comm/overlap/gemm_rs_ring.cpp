@@ -313,7 +313,9 @@ struct RingSchedule {
 // 2.877 -> 2.793 (2.892); bf16 proj M 8192 0.779 -> 0.765. The pulls were the fastest method
 // on 9 of the 12 GEMM+RS rows in that run and on 8, 6 and 6 in three more (FP8 proj M 8192 and
 // 16384, te4096 FP8 and bf16, proj bf16 M 8192 every time); slower on fc2 M 8192 (bf16 2.638
-// -> 2.786). Not yet measured at TP 4.
+// -> 2.786). At TP 4 (4xH200, one run) the pulls were the fastest method on 3 of the 12 rows
+// (FP8 proj M 8192 0.404 -> 0.389, M 16384 0.729 -> 0.703; proj bf16 M 16384 0.859 ->
+// 0.851) and 1-4% slower than the best method on the others (te4096 FP8 0.256 vs 0.247).
 //
 // NOTE [gemm_rs_ring numerics]: chunk c's result is (((p_{c+1} + p_{c+2}) + ...) + p_c), summed
 // in ring order from rank c+1 (so the order differs per chunk, deterministically). Each GEMM
