@@ -217,13 +217,13 @@ class GemmOverlapConfig:
             shapes whose communication takes about as long as the GEMM. ``BULK_RS``: the
             partial sums travel and are summed in pieces, each as soon as it has landed
             (NOTE [bulk_rs pieces]). ``None``: the op's default (``BULK_RS``: 4 at TP 2, else
-            1, :func:`~overlap.ops.bulk.bulk_rs_defaults`; other methods 1).
+            2, :func:`~overlap.ops.bulk.bulk_rs_defaults`; other methods 1).
         reduce_max_blocks: bound on the reduction kernel's grid, 0 = fill the GPU
             (``PIPELINE_RS`` and ``BULK_RS``; ``None``: the op's default, 0 for
             ``PIPELINE_RS`` and 64 blocks for ``BULK_RS``, which runs beside a GEMM;
             ``RING_RS``: its FP8 output cast, default 0).
         gemm_sm_margin: ``BULK_RS`` only: SMs the side GEMM leaves to the reduction when the
-            call gives no ``sm_count`` (``None``: the op's default, 8 at TP 2, else 16).
+            call gives no ``sm_count`` (``None``: the op's default, 8).
         ring_subchunks: sub-chunks each ring hop is pipelined in, 1..4 (``RING_RS`` only;
             NOTE [gemm_rs_ring schedule]).
         fp8: the GEMM's input travels in FP8 (``RING_AG`` / ``BULK_AG``: the buffer holds FP8

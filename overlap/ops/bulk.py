@@ -61,18 +61,20 @@ def bulk_rs_defaults(tp: int | None) -> tuple[int, int]:
     """``(gemm_sm_margin, pieces)`` of a :class:`ReduceScatterBesideGemm` on ``tp`` ranks
     (``None``: any TP size).
 
-    NOTE [bulk_rs defaults]: at TP 2, 8 SMs and 4 pieces (NOTE [bulk_rs pieces] in
-    ``bulk.cpp``); at other sizes, 16 SMs and 1 piece. Measured with ``python -m
-    benchmarks.overlap_ops --cuda --full`` (2026-11-22, the 8 bulk_rs rows each): on 2xH200 the
-    TP 2 pair beat 16 SMs and 1 piece on 15 of 16 rows over two runs (by up to 8%: fc1 bf16
-    M 8192 1.132 -> 1.062 x floor), and again over two more. On 4xH200 (``--launch 4 --tp
-    4``) it was faster on the GEMM-bound rows (fc1 bf16 M 8192 1.088 -> 0.988 x floor) but
-    35% slower on the comm-bound qkv FP8 rows (M 8192: 0.380 -> 0.513 ms; the reduce-scatter
-    takes 1.5x the GEMM there): with serial puts each piece's flag adds a gap on the one put
-    lane, 3 (P - 1) more gaps at TP 4. So TP > 2 keeps the former pair until the pieces'
-    flags leave the put lane.
+    NOTE [bulk_rs defaults]: 8 SMs, with 4 pieces at TP 2 and 2 pieces at other sizes
+    (NOTE [bulk_rs pieces] in ``bulk.cpp``). Measured with ``python -m benchmarks.overlap_ops
+    --cuda --full --ops bulk_rs`` (the 8 bulk_rs rows each):
+      - 2xH200 (2026-11-22): 8 SMs and 4 pieces beat the former 16 SMs and 1 piece on 15 of 16
+        rows over two runs (by up to 8%: fc1 bf16 M 8192 1.132 -> 1.062 x floor), and again
+        over two more; 2 pieces are as fast (within 3%, either way) at TP 2.
+      - 4xH200 (``--launch 4 --tp 4``, 2026-11-22): with the pieces sent peer-major and
+        announced from a signal lane, 8 SMs and 2 pieces beat 16 SMs and 1 piece on 6 of 8
+        rows (qkv FP8 M 8192 1.128 -> 1.055 x floor, fc1 FP8 M 8192 1.140 -> 1.083) and tied
+        a seventh. 4 pieces stay slower on the comm-bound qkv FP8 row at M 8192 (1.33-1.54 x
+        floor: twelve 8 MB pieces).
+    ``tp`` None or 1: the pair of TP > 2.
     """
-    return (8, 4) if tp == 2 else (16, 1)
+    return (8, 4) if tp == 2 else (8, 2)
 
 
 def _gemm_operand(
@@ -330,12 +332,12 @@ class ReduceScatterBesideGemm:
         reduce_max_blocks: bound on the reduction kernel's grid on cuda (256-thread blocks, 4
             per SM: 64, the default, fills 16 SMs where free; 0 fills the GPU).
         gemm_sm_margin: SMs the side GEMM leaves free for the reduction when the call gives no
-            ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU; ``None``: 8 at TP 2,
-            else 16, NOTE [bulk_rs defaults] in :func:`bulk_rs_defaults`).
+            ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU; ``None``: 8,
+            NOTE [bulk_rs defaults] in :func:`bulk_rs_defaults`).
         pieces: pieces the partial sums travel and are reduced in, 1..4 (NOTE [bulk_rs
             pieces] in ``bulk.cpp``): each piece is summed as soon as it has landed, beside the
             later pushes, instead of the whole output after the last byte, so the reduction
-            needs fewer of the GEMM's SMs at a time (``None``: 4 at TP 2, else 1). Every rank
+            needs fewer of the GEMM's SMs at a time (``None``: 4 at TP 2, else 2). Every rank
             must pass the same value.
 
         name: the buffer's name (error messages).

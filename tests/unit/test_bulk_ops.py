@@ -211,8 +211,8 @@ def test_reduce_scatter_rejections_leave_the_op_usable(comm: Communicator) -> No
         rs(x, a, b, out_scale=torch.ones(1))
     with pytest.raises(InvalidArgumentError, match="must be >= 0"):
         ReduceScatterBesideGemm(comm, 32, 40, torch.bfloat16, gemm_sm_margin=-1)
-    assert (rs.gemm_sm_margin, rs.pieces) == bulk_rs_defaults(1) == (16, 1)
-    assert bulk_rs_defaults(2) == (8, 4) and bulk_rs_defaults(None) == (16, 1)
+    assert (rs.gemm_sm_margin, rs.pieces) == bulk_rs_defaults(1) == (8, 2)
+    assert bulk_rs_defaults(2) == (8, 4) and bulk_rs_defaults(4) == bulk_rs_defaults(None) == (8, 2)
     for pieces in (0, 5, True):
         with pytest.raises(InvalidArgumentError, match=r"pieces must be 1\.\.4"):
             ReduceScatterBesideGemm(comm, 32, 40, torch.bfloat16, pieces=pieces)

@@ -74,13 +74,13 @@ def test_default_methods() -> None:
     assert cfg.dtype == "bfloat16" and cfg.fp8_dtype == "float8_e4m3fn"
     assert cfg.gemms["qkv_fprop"].lanes == 2 and cfg.gemms["proj_fprop"].lanes == 1
     assert cfg.gemms["qkv_wgrad"].max_blocks == 64 and cfg.gemms["proj_fprop"].max_blocks == 0
-    assert cfg.gemms["qkv_wgrad"].sm_margin == 16 and cfg.gemms["qkv_wgrad"].piece_count == 1
-    # NOTE [bulk_rs defaults]: filled in for the TP size (8 SMs and 4 pieces at TP 2).
-    for tp, want in ((2, (8, 4)), (4, (16, 1))):
+    assert cfg.gemms["qkv_wgrad"].sm_margin == 8 and cfg.gemms["qkv_wgrad"].piece_count == 2
+    # NOTE [bulk_rs defaults]: filled in for the TP size (4 pieces at TP 2, else 2).
+    for tp, want in ((2, (8, 4)), (4, (8, 2))):
         wgrad = UbConfig(tokens=8, hidden=4, tp=tp).gemms["fc1_wgrad"]
         assert (wgrad.gemm_sm_margin, wgrad.pieces) == want == (wgrad.sm_margin, wgrad.piece_count)
-    given = UbConfig(8, 4, tp=2, gemms={"fc1_wgrad": GemmOverlapConfig(pieces=2)})
-    assert (given.gemms["fc1_wgrad"].gemm_sm_margin, given.gemms["fc1_wgrad"].pieces) == (8, 2)
+    given = UbConfig(8, 4, tp=2, gemms={"fc1_wgrad": GemmOverlapConfig(pieces=3)})
+    assert (given.gemms["fc1_wgrad"].gemm_sm_margin, given.gemms["fc1_wgrad"].pieces) == (8, 3)
     assert cfg.gemms["qkv_fprop"].piece_count == 1 == cfg.gemms["proj_fprop"].piece_count
 
 
@@ -253,8 +253,8 @@ def test_buffers_are_shared_per_kind_and_counted() -> None:
     assert all(isinstance(o, GemmReduceScatter) for o in rs)
     assert all(isinstance(o, AllGatherBesideGemm) for o in bulk_ag)
     assert all(isinstance(o, ReduceScatterBesideGemm) for o in bulk_rs)
-    assert bulk_rs[0].reduce_max_blocks == 64 and bulk_rs[0].gemm_sm_margin == 16
-    assert bulk_rs[0].pieces == 1  # one rank: the defaults of TP sizes other than 2
+    assert bulk_rs[0].reduce_max_blocks == 64 and bulk_rs[0].gemm_sm_margin == 8
+    assert bulk_rs[0].pieces == 2  # one rank: the defaults of TP sizes other than 2
     kinds = (ag, rs, bulk_ag, bulk_rs)
     assert all(len({id(o.buffer) for o in ops}) == 1 for ops in kinds)
     assert len({id(ops[0].buffer) for ops in kinds}) == 4
@@ -273,10 +273,10 @@ def test_pieces_reach_the_ops_and_share_the_buffer() -> None:
             "qkv_fprop": GemmOverlapConfig(pieces=3),
             "proj_fprop": GemmOverlapConfig(pieces=2),
             "fc2_fprop": GemmOverlapConfig(method=OverlapMethod.RING_RS, pieces=2),
-            "qkv_wgrad": GemmOverlapConfig(pieces=2),  # BULK_RS (default method), default 1
+            "qkv_wgrad": GemmOverlapConfig(pieces=3),  # BULK_RS (default method), default 2
         },
     )
-    assert ub.get("qkv_wgrad").pieces == 2 and ub.get("fc1_wgrad").pieces == 1
+    assert ub.get("qkv_wgrad").pieces == 3 and ub.get("fc1_wgrad").pieces == 2
     qkv, fc1 = ub.get("qkv_fprop"), ub.get("fc1_fprop")
     assert qkv.pieces == 3 and fc1.pieces == 1 and qkv.buffer is fc1.buffer
     x, w = rand(64, 32, seed=3), rand(24, 32, seed=4)

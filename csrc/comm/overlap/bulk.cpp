@@ -26,14 +26,30 @@ constexpr const char* kAgOp = "bulk_all_gather";
 constexpr const char* kRsOp = "bulk_reduce_scatter";
 
 // Lanes of a bulk op: 0 = the caller's stream (protocol, waits, reduction), 1 = the GEMM,
-// then the put lanes: one set of put_split copy lanes that carries the peers' puts one after
-// another in ring order (serial puts, NOTE [serial puts] in symmetric_buffer.h), or one set
-// per peer.
+// 2 = the signal lane (NOTE [bulk signal lane]), then the put lanes: one set of put_split copy
+// lanes that carries the peers' puts one after another in ring order (serial puts, NOTE
+// [serial puts] in symmetric_buffer.h), or one set per peer.
 constexpr int kGemmLane = 1;
-constexpr int kFirstPutLane = 2;
+constexpr int kSignalLane = 2;
+constexpr int kFirstPutLane = 3;
 
 int put_lanes(const SymmetricBuffer& buf) {
   return std::max(1, (buf.serial_puts() ? 1 : buf.size() - 1) * buf.put_split());
+}
+
+// NOTE [bulk signal lane]: a signal is a stream memory operation with a memory barrier that
+// waits for the copy before it; on the put lane it would also hold up the next copy (~7 us
+// each in a 2xH200 timeline, (n - 1) P of them in a row with serial puts and pieces). So the put
+// lanes only copy, back to back, and one signal lane announces each put once its copy has
+// completed (an event edge from the put lane, as for the joined put_split lanes), in the order
+// the puts complete. Measured: TP 2 (two GPUs of a 4xH200), qkv FP8 M 8192, 8 SMs and 4
+// pieces, 0.505 ms (before: 0.516-0.523 ms on 2xH200); on 4xH200 it did not make four pieces
+// piece-major any faster (NOTE [bulk_rs pieces]: the cost there was the receivers, not the gaps).
+void announce(SymmetricBuffer& buf, int peer, std::uint64_t value, int put_lane,
+              cudaStream_t stream) {
+  Transport& t = buf.transport();
+  t.lane_wait(stream, kSignalLane, put_lane);
+  t.signal(buf.flag(peer, buf.rank(), FlagSlot::kData), value, stream, kSignalLane);
 }
 
 // The first put lane of the i-th peer in ring order (i = 1..n-1).
@@ -164,8 +180,9 @@ void put_to_peer(SymmetricBuffer& buf, std::uint64_t epoch, int peer, char* dst,
 // clang-format off
 //   c0      | fork | begin_op | put own shard -> own slot r | wait kData(r-1) ... kData(r+1) | join
 //   gemm    |      | GEMM (independent operands, its own sm_count) .......................... |
-//   put     |      |          | wait kAck(r+1), put shard + scale_inv -> slot r of rank r+1,  |
-//           |      |          |   signal kData; then r+2, ..., r-1 (S lanes, joined per peer) |
+//   put     |      |          | wait kAck(r+1), put shard + scale_inv -> slot r of rank r+1;  |
+//           |      |          |   then r+2, ..., r-1 (S lanes, joined per peer)               |
+//   signal  |      |          | after each peer's put (event edge): signal its kData          |
 // clang-format on
 //
 // Without serial puts, the put lanes of peer r+i (a set of S per peer) carry its put, all
@@ -208,7 +225,7 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
       t.put(buf.data(peer) + l.scale_offset + r * kScaleSlotBytes, shard.scale_inv, sizeof(float),
             stream, first);
     }
-    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, first);
+    announce(buf, peer, epoch, first, stream);
   }
   char* const own = buf.data(r);
   t.put(own + r * l.shard_bytes, src, l.shard_bytes, stream, 0);
@@ -229,8 +246,9 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // clang-format off
 //   c0      | fork | begin_op | wait kData(r-1) ... kData(r+1) | reduce (<= reduce_max_blocks) | join
 //   gemm    |      | GEMM (sm_count = SMs - gemm_sm_margin) ................................... |
-//   put     |      |          | wait kAck(r+1), put input rows of rank r+1 -> its slot r,       |
-//           |      |          |   signal kData; then r+2, ..., r-1 (S lanes, joined per peer)   |
+//   put     |      |          | wait kAck(r+1), put input rows of rank r+1 -> its slot r;       |
+//           |      |          |   then r+2, ..., r-1 (S lanes, joined per peer)                 |
+//   signal  |      |          | after each peer's put (event edge): signal its kData            |
 // clang-format on
 //
 // (Serial puts, the default; without them a set of S put lanes per peer, all peers at once.)
@@ -249,21 +267,31 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // wgrad, M 8192, FP8 GEMM of 0.47 ms) the push took 175 us and the reduction 230 us on 16 SMs,
 // so the GEMM had to leave those 16 SMs for nearly its whole run (0.47 -> 0.51 ms). With P =
 // config.pieces > 1, each peer's rows travel in P pieces (rows [lo(p), lo(p + 1)) of every
-// chunk, slot and output, like NOTE [gemm_rs pieces]), piece-major (piece p to every peer
-// before piece p + 1 to any), piece p announced by the value e + p on the one kData flag
-// (the pieces of one sender run in order on its put lane: "flag >= e + p" means pieces 0..p
-// have landed), and c0 reduces piece p as soon as every peer's piece p is there (the amax
-// max-reduced over the pieces). The reduction then runs beside the later pushes: the same
-// work spread over a longer window, so a smaller SM margin suffices. Every op takes
+// chunk, slot and output, like NOTE [gemm_rs pieces]), piece p announced by the value e + p on the
+// one kData flag (the pieces of one sender are announced in order on its signal lane: "flag >= e +
+// p" means pieces 0..p have landed), and c0 reduces piece p as soon as every peer's piece p is
+// there (the amax max-reduced over the pieces). The reduction then runs beside the later pushes:
+// the same work spread over a longer window, so a smaller SM margin suffices. Every op takes
 // kPieceEpochs epochs whatever P, so that ranks stay in step if one passes a different P
 // (the op record, which includes P, reports it). The same row with P = 4 and an 8-SM margin
 // (the Python op's defaults at TP 2, NOTE [bulk_rs defaults]): each 16 MB piece landed in ~46 us
-// (~7 us between pieces for the flag), was reduced in 77-85 us on 8 SMs, and the last reduction
-// ended with the GEMM (482-490 us for 124 SMs): 0.51 ms for the op, as with 16 SMs and one piece,
-// while the bf16 rows and the longer GEMMs of the suite gained 2-10% over that pair. Where the
-// reduce-scatter takes longer than the GEMM (TP 4, qkv FP8), pieces cost: each piece's signal waits
-// behind its copy on the put lane and delays the next copy (4xH200, M 8192: 0.380 ms with
-// one piece, 0.513 with four).
+// (~7 us between pieces for the flag, before the signal lane), was reduced in 77-85 us on 8
+// SMs, and the last reduction ended with the GEMM (482-490 us for 124 SMs): 0.51 ms for the op,
+// as with 16 SMs and one piece, while the bf16 rows and the longer GEMMs of the suite gained
+// 2-10% over that pair.
+//
+// With more than one peer and serial puts the pieces go peer-major (all of peer r+1's pieces,
+// then r+2's, ...), so that each rank still sends to one peer at a time in n - 1 long steps and
+// a receiver is written by one sender at a time. Piece p of the last sender lands in the last
+// step, so pieces 0..P-2 are reduced beside the last step's copies and only the last piece's
+// reduction follows it. Piece-major (piece p to every peer first) made the steps P times as
+// many and as short, and the ranks' skew (a CUPTI timeline on 4xH200 has ranks starting their
+// pushes up to 120 us apart, and a 32 MB copy taking 89 us alone but 128-250 us when two
+// senders overlap on one receiver) then put two senders on one receiver for a larger share of
+// the op: 4xH200, qkv FP8 M 8192: 0.380 ms with one piece, 0.513 with four (8 SMs), and still
+// 0.56-0.57 with the signals off the put lane (NOTE [bulk signal lane]; two runs, any margin).
+// Peer-major brought two pieces to 0.37-0.39 ms (one piece: 0.39-0.40 in the same run). Four
+// pieces stay slower there (0.47-0.54 ms): NOTE [bulk_rs defaults] has the defaults.
 void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
                                 const ScatterOutput& out, const SideGemm& g,
                                 const BulkConfig& config, cudaStream_t stream) {
@@ -330,19 +358,22 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   const char* src = static_cast<const char*>(in.data);
   const std::size_t in_row_bytes = static_cast<std::size_t>(in.cols) * in_es;
   const std::size_t out_row_bytes = static_cast<std::size_t>(in.cols) * dtype_size(out.dtype);
-  // Piece-major: piece p goes to every peer before piece p + 1 goes to any.
-  for (int p = 0; p < pc.count(); ++p) {
+  // In the order the pieces land (NOTE [bulk_rs pieces]), which is the signal lane's: with
+  // serial puts peer-major (every piece of peer r+1's rows, then r+2's, ...), with a put lane
+  // set per peer piece-major (piece p to every peer, then piece p + 1).
+  const bool serial = buf.serial_puts();
+  const int steps = (n - 1) * pc.count();
+  for (int k = 0; k < steps; ++k) {
+    const int i = 1 + (serial ? k / pc.count() : k % (n - 1));
+    const int p = serial ? k % pc.count() : k / (n - 1);
+    const int peer = (r + i) % n;
+    const int first = first_put_lane(buf, i);
     const std::size_t offset = static_cast<std::size_t>(pc.lo(p)) * in_row_bytes;
     const std::size_t bytes = static_cast<std::size_t>(pc.rows(p)) * in_row_bytes;
-    for (int i = 1; i < n; ++i) {
-      const int peer = (r + i) % n;
-      const int first = first_put_lane(buf, i);
-      put_to_peer(buf, epoch, peer, buf.data(peer) + r * l.slot_bytes + offset,
-                  src + peer * chunk_bytes + offset, bytes, first, /*first_write=*/p == 0, kRsOp,
-                  stream);
-      t.signal(buf.flag(peer, r, FlagSlot::kData), epoch + static_cast<std::uint64_t>(p), stream,
-               first);
-    }
+    put_to_peer(buf, epoch, peer, buf.data(peer) + r * l.slot_bytes + offset,
+                src + peer * chunk_bytes + offset, bytes, first, /*first_write=*/p == 0, kRsOp,
+                stream);
+    announce(buf, peer, epoch + static_cast<std::uint64_t>(p), first, stream);
   }
   ReduceOutput o;
   o.format = out.dtype;
