@@ -332,13 +332,16 @@ register(
 
 
 # Pulls after device-side handshakes (NOTE [ag_gemm pulls], NOTE [handshakes]).
-def _ag_pull(case: Case, *, lanes: int) -> Runner:
+def _ag_pull(case: Case, *, lanes: int, pieces: int = 1) -> Runner:
     """:class:`~overlap.ops.AllGatherGemm` with ``pull_shards`` (NOTE [ag_gemm pulls]), on the
-    pipeline variants' op object (put_split and staggered pushes do not apply)."""
-    return _ag_pipeline(case, lanes=lanes, split=1, staggered=True, pull=True)
+    pipeline variants' op object (put_split and staggered pushes do not apply); each peer's
+    shard in ``pieces`` consecutive pulls, each followed by its GEMMs."""
+    return _ag_pipeline(case, lanes=lanes, split=1, staggered=True, pieces=pieces, pull=True)
 
 
 register("ag_gemm", "pull", _ag_pull, grid(lanes=(1, 2)))
+# Pieces: the last chunk's GEMM, which follows the last pull, is then half as long.
+register("ag_gemm", "pull", _ag_pull, grid(lanes=(1, 2), pieces=(2,)))
 register("gemm_rs", "pipeline", _rs_pipeline, grid(lanes=(1, 2), split=(1, 2)), when=_cuda_setting)
 # Pieces (NOTE [gemm_rs pieces]) for the comm-bound shapes: two, whose reductions run beside
 # the GEMMs of the second round (4 pieces, and a bounded reduction grid, measured slower on

@@ -67,11 +67,14 @@ def bulk_rs_defaults(tp: int | None) -> tuple[int, int]:
       - 2xH200 (2026-11-22): 8 SMs and 4 pieces beat the former 16 SMs and 1 piece on 15 of 16
         rows over two runs (by up to 8%: fc1 bf16 M 8192 1.132 -> 1.062 x floor), and again
         over two more; 2 pieces are as fast (within 3%, either way) at TP 2.
-      - 4xH200 (``--launch 4 --tp 4``, 2026-11-22): with the pieces sent peer-major and
-        announced from a signal lane, 8 SMs and 2 pieces beat 16 SMs and 1 piece on 6 of 8
-        rows (qkv FP8 M 8192 1.128 -> 1.055 x floor, fc1 FP8 M 8192 1.140 -> 1.083) and tied
-        a seventh. 4 pieces stay slower on the comm-bound qkv FP8 row at M 8192 (1.33-1.54 x
-        floor: twelve 8 MB pieces).
+      - 4xH200 (``--launch 4 --tp 4``, 2026-11-22, two runs), with the pieces sent
+        peer-major and announced from a signal lane: the 8 rows took 16.07 and 16.16 ms in
+        all with 8 SMs and 2 pieces, 16.54 and 16.56 with 16 SMs and 1 piece, 16.27 and 16.30
+        with 8 SMs and 4 pieces. Rows <= 1.10 x floor: 6/8 and 5/8 against 1/8 and 5/8. The
+        GEMM-bound fc1 rows gain up to 6% (fc1 bf16 M 16384 1.112 -> 1.053 x floor); the
+        comm-bound qkv rows, whose times vary by 5-10% from run to run at TP 4, won in one run
+        (qkv FP8 M 8192 1.128 -> 1.055) and lost in the other (1.079 -> 1.147). 4 pieces are
+        slower on the qkv FP8 row at M 8192 (1.33-1.54 x floor: twelve 8 MB pieces).
     ``tp`` None or 1: the pair of TP > 2.
     """
     return (8, 4) if tp == 2 else (8, 2)

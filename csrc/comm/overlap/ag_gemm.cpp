@@ -150,8 +150,14 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // barrier before each copy 65 (the barrier included), as do pulls from r+1 alone. Splitting
 // each pull over two or three copy lanes was slower (qkv FP8 0.37-0.44 ms), and so was each
 // pull on its GEMM's compute lane (torch's stream placement: 0.315-0.326). Still open: what
-// in our op slows a pull beside a GEMM; not yet tried: the microbenchmark with a GEMM beside
-// AND the copies on a highest-priority stream (our lanes are), each tested alone.
+// in our op slows a pull beside a GEMM. Ruled out in the op itself (the whole TP 4 suite or
+// its qkv and te4096 AG rows, 2026-11-22): every lane created at the lowest stream priority
+// instead of the highest (qkv FP8 0.301 ms either way, no row beyond noise), and
+// CUDA_DEVICE_MAX_CONNECTIONS=32 instead of 8, against streams sharing hardware queues
+// (0.303 -> 0.301; median row 1.078 -> 1.070 x floor). Pieces help the pulls on the qkv FP8
+// rows only (the last chunk's GEMM after the last pull is then half as long): M 8192 0.303-0.306
+// -> 0.292-0.297 ms, M 16384 0.575-0.578 -> 0.550-0.557 (torch 0.276 and 0.532); other rows
+// are slower with them (te4096 FP8 0.228 -> 0.235-0.243).
 void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                     const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
                     const Pieces& pc, const OverlapConfig& config, std::uint64_t arg,
