@@ -20,11 +20,15 @@ import torch
 from overlap.comm import Communicator, CudaGraph, TorchBootstrap
 from overlap.errors import StateError, UnsupportedHardwareError
 from overlap.ops import (
+    AllGatherBesideGemm,
     AllGatherGemm,
     GemmReduceScatter,
+    ReduceScatterBesideGemm,
+    all_gather_beside_gemm_reference,
     all_gather_gemm_reference,
     all_gather_rows,
     gemm_reduce_scatter_reference,
+    reduce_scatter_beside_gemm_reference,
 )
 
 E4M3 = torch.float8_e4m3fn
@@ -59,6 +63,14 @@ class Ops:
         self.ring = GemmReduceScatter(
             comm, n * m, nout, torch.bfloat16, compute_lanes=2, method="ring", pull_shards=True
         )
+        # Bulk ops beside side GEMMs: a signal lane's event edges (NOTE [bulk signal lane]),
+        # reduce-scatter pieces sent peer-major (NOTE [bulk_rs pieces]).
+        self.bag = AllGatherBesideGemm(comm, n * m, k, torch.bfloat16)
+        self.brs = ReduceScatterBesideGemm(comm, n * m, k, torch.bfloat16, pieces=2)
+        self.sa, self.sb = rand(160, 96, gen=gen), rand(96, 128, gen=gen, scale=0.1)
+        self.bag_out = torch.empty(160, 128, dtype=torch.bfloat16, device=DEVICE)
+        self.brs_out = torch.empty(m, k, dtype=torch.bfloat16, device=DEVICE)
+        self.brs_gemm_out = torch.empty(160, 128, dtype=torch.bfloat16, device=DEVICE)
         self.buf = comm.create_buffer(n * m * k * 2, "graphs-collectives")
         self.x = rand(m, k, gen=gen)
         self.x8 = fp8(rand(m, k, gen=gen), 8.0 * (1 + tp.rank))
@@ -77,6 +89,10 @@ class Ops:
             "ag8": self.ag8(self.x8, self.w8),
             "rs": self.rs(self.y, self.w),
             "ring": self.ring(self.y, self.w, out=self.ring_out),
+            "bulk_ag": self.bag(self.x, self.sa, self.sb, out=self.bag_out),
+            "bulk_rs": self.brs(
+                self.y, self.sa, self.sb, out=self.brs_out, gemm_out=self.brs_gemm_out
+            )[0],
             "all_gather": self.buf.all_gather(self.x, self.gather_out),
             "reduce_scatter": self.buf.reduce_scatter(self.z, self.rs_out),
         }
@@ -98,6 +114,12 @@ class Ops:
         want_rs = gemm_reduce_scatter_reference(self.y, self.w, group=g)
         close(got["rs"], want_rs, f"{what} rs")
         close(got["ring"], want_rs, f"{what} ring (pulls)", 2e-2)
+        gathered, want_side = all_gather_beside_gemm_reference(self.x, self.sa, self.sb, group=g)
+        close(got["bulk_ag"], want_side, f"{what} bulk_ag GEMM")
+        assert torch.equal(self.bag.gathered_input(), gathered), f"{what} bulk_ag gathered"
+        want_brs, _ = reduce_scatter_beside_gemm_reference(self.y, self.sa, self.sb, group=g)
+        assert torch.equal(got["bulk_rs"], want_brs), f"{what} bulk_rs"
+        close(self.brs_gemm_out, want_side, f"{what} bulk_rs GEMM")
         assert torch.equal(got["all_gather"], all_gather_rows(self.x, g)), f"{what} all_gather"
         want = self.z.float()
         torch.distributed.all_reduce(want, group=g)
@@ -105,7 +127,7 @@ class Ops:
         close(got["reduce_scatter"], mine, f"{what} reduce_scatter")
 
     def destroy(self) -> None:
-        for op in (self.ag, self.ag8, self.rs, self.ring, self.buf):
+        for op in (self.ag, self.ag8, self.rs, self.ring, self.bag, self.brs, self.buf):
             op.destroy()
 
 
@@ -115,11 +137,11 @@ def replay(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None
     graph = CudaGraph()
     with graph.capture():
         captured = ops.run()
-    # Epochs: one per collective, kPieceEpochs (5) per AG+GEMM and GEMM+RS (NOTE [ag_gemm
-    # pieces]), 4 (n - 1) made odd per ring GEMM+RS (NOTE [ring sub-epochs]); all_gather's
-    # copy-out is not an op.
+    # Epochs: one per collective and bulk all-gather, kPieceEpochs (5) per AG+GEMM, GEMM+RS
+    # and bulk reduce-scatter (NOTE [ag_gemm pieces]), 4 (n - 1) made odd per ring GEMM+RS
+    # (NOTE [ring sub-epochs]); all_gather's copy-out is not an op.
     ring = 4 * (tp.size - 1) + 1 - (4 * (tp.size - 1)) % 2
-    assert graph.ops == 2 + 3 * 5 + ring, graph.ops
+    assert graph.ops == 3 + 4 * 5 + ring, graph.ops
     slow = tp.size - 1
     for i in range(4):
         ops.refill(gen)
