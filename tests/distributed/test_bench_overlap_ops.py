@@ -91,7 +91,8 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
                     "pipeline/lanes1-split1-staggered-pieces4",
                     "pipeline/lanes2-split1-staggered-pieces2",
                     "pipeline/lanes2-split1-staggered-pieces4",
-                    "pull/lanes1", "pull/lanes2"},
+                    "pull/lanes1", "pull/lanes2", "pull/lanes1-pieces2",
+                    "pull/lanes2-pieces2"},
         "gemm_rs": {"pipeline/lanes1-split1", "pipeline/lanes2-split1",
                     "pipeline/lanes1-split1-pieces2", "pipeline/lanes2-split1-pieces2",
                     "ring/lanes1-subchunks2", "ring/lanes1-subchunks4",
@@ -173,6 +174,7 @@ def test_full_suite_options_with_tp2_subgroups(tmp_path: Path) -> None:
             "pipeline/lanes1-split1-staggered-pieces2",
             "pipeline/lanes1-split1-staggered-pieces4",
             "pull/lanes1",
+            "pull/lanes1-pieces2",
         },
     )
     _check_rows(
