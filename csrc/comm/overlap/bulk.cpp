@@ -285,10 +285,11 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // a receiver is written by one sender at a time. Piece p of the last sender lands in the last
 // step, so pieces 0..P-2 are reduced beside the last step's copies and only the last piece's
 // reduction follows it. Piece-major (piece p to every peer first) made the steps P times as
-// many and as short, and the ranks' skew (a CUPTI timeline on 4xH200 has ranks starting their
-// pushes up to 120 us apart, and a 32 MB copy taking 89 us alone but 128-250 us when two
-// senders overlap on one receiver) then put two senders on one receiver for a larger share of
-// the op: 4xH200, qkv FP8 M 8192: 0.380 ms with one piece, 0.513 with four (8 SMs), and still
+// many and as short. The likely cost (a timeline of the pieces themselves is still to be
+// taken): whenever ranks are out of step, a receiver is written by two senders at once, and in
+// a one-piece CUPTI timeline on 4xH200 a 32 MB copy took 89 us alone but 128-250 us beside a
+// second sender; more and shorter steps leave more of the op exposed to that. 4xH200, qkv FP8
+// M 8192: 0.380 ms with one piece, 0.513 with four (8 SMs), and still
 // 0.56-0.57 with the signals off the put lane (NOTE [bulk signal lane]; two runs, any margin).
 // Peer-major brought two pieces to 0.37-0.39 ms (one piece: 0.39-0.40 in the same run). Four
 // pieces stay slower there (0.47-0.54 ms): NOTE [bulk_rs defaults] has the defaults.
