@@ -342,7 +342,6 @@ class ReduceScatterBesideGemm:
             later pushes, instead of the whole output after the last byte, so the reduction
             needs fewer of the GEMM's SMs at a time (``None``: 4 at TP 2, else 2). Every rank
             must pass the same value.
-
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on (at least
             :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in :mod:`overlap.ops.ag_gemm`).
