@@ -243,6 +243,20 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // after we acknowledged this op, i.e. after our previous op's GEMMs (joined into c0 before
 // begin_op) finished reading them (NOTE [buffer reuse]).
 //
+// NOTE [no ring forwarding]: TransformerEngine's ring exchange forwards every chunk neighbour to
+// neighbour (n - 1 hops for the last one), and its bidirectional variant halves the hops. Here
+// every shard goes straight to its destination in one hop; with staggered_puts the steps are
+// the same as a ring's (at step s, rank r gets r-s's shard) without the forwarding's flag wait
+// per hop. A true ring (step s forwarding chunk r-s+1 to r+1 as each piece landed, so no
+// receiver ever has two senders, whatever the ranks' skew) passed the np2/np4 correctness and
+// delayed-rank tests on both transports and measured the same as the direct pushes (dev A/B,
+// 2026-11-22, 4xH200, TP 4, every staggered variant of the qkv and te4096 AG rows, two runs
+// each, best ms direct / ring: qkv FP8 M 8192 0.313 / 0.318 and 0.315 / 0.317, bf16 0.484 /
+// 0.482 and 0.502 / 0.501, qkv FP8 M 16384 0.545 / 0.553 and 0.537 / 0.552, te4096 FP8 0.222
+// all four), so it was not kept. A bidirectional ring shortens the chain of hops, not the bytes
+// each GPU receives (n - 1 shards, one at a time: NOTE [serial puts]), so it cannot beat the
+// direct pushes either.
+//
 // NOTE [ag_gemm vs torch]: where torch's async-TP is faster (qkv FP8 TP4 M 8192: 0.275 ms
 // against our 0.309-0.316), CUPTI timelines of three back-to-back ops on rank 2 show (us):
 //   torch: barrier kernel, the 16 MB shard copied into its symmetric buffer (9, alone),
@@ -275,7 +289,18 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // slot's 16 MB copy 32 us beside the pushes (torch's runs alone: 8-9 us), and each piece's
 // GEMM (31 us) waiting 11-17 us for its piece: the chunk GEMMs are starved by the push
 // rate. One marker per op (NOTE [one marker per op]) left the row within noise (best
-// variant 0.307-0.311 ms in two runs after it, 0.306-0.316 before).
+// variant 0.307-0.311 ms in two runs after it, 0.306-0.316 before). Also measured on
+// 2026-11-22 and not kept (dev A/Bs on 4xH200, TP 4, every staggered variant of the qkv and
+// te4096 AG rows): part of every push through the SM copy kernel (NOTE [sm puts]) with the
+// chunk GEMMs given that many SMs fewer (sm_count) was slower on all 6 rows (25% on 8 blocks:
+// qkv FP8 M 8192 0.309 -> 0.328 ms, bf16 0.493 -> 0.558; 40% on 16 blocks and 15% on 4
+// likewise), and waiting for every peer's acknowledgement before the first push (all ranks
+// starting in step) changed no row beyond noise (0.314 -> 0.318, 0.309 -> 0.312). In a
+// microbenchmark (4 ranks, 16 MB copy-engine pulls from r+1 or pushes to it, 20 back to back
+// beside a loop of the qkv FP8 chunk GEMM), every copy took 48-52 us whichever GEMM ran beside
+// (ours at 63 us or torch._scaled_mm at 62) and wherever its operands lived (a plain tensor,
+// our IPC region, torch's symmetric memory), the same as alone: what slows the copies in the
+// op is not a GEMM beside them.
 // With handshake kernels (NOTE [ag_gemm pulls]) the pulls' handshake latency is gone (both
 // handshakes 5-9 us in steady state, torch's barriers 3-4), and what remains is the rate of
 // each pull beside our chunk GEMMs: 58-82 us per 16 MB against torch's 48 (measured there).

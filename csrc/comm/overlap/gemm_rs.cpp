@@ -152,6 +152,19 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 // -> 0.794; proj TP 4 FP8: M 8192 0.410 -> 0.390, M 16384 a tie), and reading all three
 // peers in place slower still (proj TP 4 bf16 0.71 ms): the kernel's NVLink loads move a
 // peer's partial sums at well under the copy engines' ~340 GB/s.
+// Nor (dev A/B, 2026-11-22, the whole gemm_rs suite at TP 4 and TP 2) rounds over the peers'
+// chunks only, our own chunk computed whole after them and the output reduced once at the end
+// (so that the pulls start after a GEMM 1/P as tall and no reduction runs beside a GEMM): at
+// TP 4 with P = 2 it made the one-lane variant faster on 7 of the 12 rows (proj bf16 0.501 ->
+// 0.466 ms, with P = 4 0.585 -> 0.512; te4096 FP8 0.304 -> 0.268) and the two-lane one slower
+// on 9 (te8192 FP8 0.844 -> 0.918), and no piece variant came within 4% of the best whole-chunk one
+// on those rows (proj bf16 TP 4: 0.447), so the best of each row did not move. A timeline of the
+// whole-chunk op (proj bf16 TP 4) shows why the pulls cannot go faster than one after another
+// whatever the schedule: a rank's pulls on its n - 1 pull lanes never overlapped (each began
+// within 3 us of the previous one's end: the copy engines run them in turn), each 32 MB pull
+// took 91-95 us when its source had no other reader and 178-181 us when a rank out of step
+// read the same source at the same time, and GEMMs beside a pull took 101-106 us against
+// 88-90 alone.
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream) {
