@@ -368,7 +368,8 @@ def torch_async_tp(op: str, a, w, group_name: str) -> tuple[str, Callable[[], ob
             return "fused_all_gather_scaled_matmul", lambda: sm.fused_all_gather_scaled_matmul(
                 ad, [wd.t()], asi, [wsi], 0, group_name, [None], [None], [torch.bfloat16], [True]
             )
-        # Without return_A (where torch has it) torch does not copy the gathered input out.
+        # Without return_A (where torch has it) torch does not copy the gathered input out;
+        # nor do our AG+GEMM variants (keep_gathered=False, the op's default).
         schema = sm.fused_all_gather_matmul.default._schema
         has_return_a = any(arg.name == "return_A" for arg in schema.arguments)
         kw = {"return_A": False} if has_return_a else {}

@@ -139,7 +139,7 @@ void register_comm_ops(py::module_& m) {
       [](SymmetricBuffer& buf, py::handle a, const py::sequence& b, const py::sequence& out,
          bool transb, py::handle a_scale_inv, const py::sequence& b_scale_inv,
          const py::sequence& bias, bool gelu, float alpha, bool fast_accum, int sm_count,
-         int compute_lanes, bool staggered_puts, int pieces, bool pull_shards,
+         int compute_lanes, bool staggered_puts, int pieces, bool pull_shards, bool keep_gathered,
          std::uintptr_t stream) {
         constexpr const char* kOp = "ag_gemm";
         const std::size_t num = py::len(b);
@@ -174,6 +174,7 @@ void register_comm_ops(py::module_& m) {
         py::gil_scoped_release release;
         comm::OverlapConfig c = config(compute_lanes, 0, staggered_puts, pieces);
         c.pull_shards = pull_shards;
+        c.keep_gathered = keep_gathered;
         comm::ag_gemm(buf, ao, weights, c, stream_from_py(stream));
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
@@ -181,7 +182,7 @@ void register_comm_ops(py::module_& m) {
       py::arg("bias"), py::arg("gelu") = false, py::arg("alpha") = 1.0f,
       py::arg("fast_accum") = false, py::arg("sm_count") = 0, py::arg("compute_lanes") = 1,
       py::arg("staggered_puts") = false, py::arg("pieces") = 1, py::arg("pull_shards") = false,
-      py::arg("stream") = 0,
+      py::arg("keep_gathered") = true, py::arg("stream") = 0,
       "out[w] = AllGather(a) @ op(b[w]) for every weight w, one gather (b, out, b_scale_inv, "
       "bias: lists of one entry per weight); see csrc/comm/overlap/overlap_ops.h.");
   c.def(

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from overlap._native import native
-from overlap.errors import InvalidArgumentError
+from overlap.errors import InvalidArgumentError, StateError
 from overlap.ops._gathered import GatherState, gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     Operand,
@@ -129,6 +129,7 @@ class AllGatherGemm:
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_OP, self.buffer, tp, nbytes)
         self._last: tuple[int, torch.dtype, DirectionFormat | None] | None = None
+        self._kept = False  # whether the last call left the whole gathered input in the buffer
 
     def __call__(
         self,
@@ -142,6 +143,7 @@ class AllGatherGemm:
         out_dtype: torch.dtype | None = None,
         fast_accum: bool | None = None,
         sm_count: int = 0,
+        keep_gathered: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """COLLECTIVE: ``Y = epilogue(alpha * AllGather(x_shard) @ weight.T + bias)``.
 
@@ -169,11 +171,17 @@ class AllGatherGemm:
                 FP8). FP8 outputs are not supported.
             fast_accum: FP8 only (default on, as :func:`overlap.gemm.gemm`).
             sm_count: SMs the chunk GEMMs plan for (0 = all).
+            keep_gathered: also leave the whole gathered input ``[tp * m, K]`` in the buffer
+                for :meth:`gathered_input` (e.g. for a wgrad that does not re-gather). It
+                costs this rank's shard copied into its own slot beside the pushes, which
+                share the copy engines with it: up to 8% of the op where the gather is about
+                as long as the GEMM (NOTE [ag_gemm own slot]). With ``pull_shards`` the
+                buffer always holds it. Each rank decides for itself.
 
         Returns:
             ``out`` ``[tp * m, N]``, or a tuple of one output per weight when ``weight`` is a
-            list/tuple. The gathered input stays in the buffer until the next call:
-            :meth:`gathered_input`.
+            list/tuple. With ``keep_gathered`` (or ``pull_shards``), the gathered input stays
+            in the buffer until the next call: :meth:`gathered_input`.
 
         Raises:
             InvalidArgumentError / UnsupportedHardwareError: before any communication (every
@@ -241,29 +249,41 @@ class AllGatherGemm:
             staggered_puts=self.staggered_puts,
             pieces=self.pieces,
             pull_shards=self.pull_shards,
+            keep_gathered=bool(keep_gathered),
             **kwargs,
         )
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
         hp_dtype = x_shard.dtype if isinstance(x_shard, QuantizedTensor) else a.dtype
         self._last = (m, hp_dtype, fmt)
+        self._kept = bool(keep_gathered) or self.pull_shards
         return tuple(outs) if several else outs[0]
 
     def gathered_input(self) -> torch.Tensor | QuantizedTensor:
         """The input gathered by the last call: ``[tp * m, K]``, a view of the buffer (FP8:
-        a :class:`QuantizedTensor` whose rows of rank ``j`` are scaled by rank ``j``'s
-        scale_inv, returned as ``scale_inv`` of ``[tp]`` elements only when they differ).
+        a :class:`QuantizedTensor` with the one scale_inv every rank's shard must share).
 
         Valid until the next op on this object (DESIGN.md invariant 2: never save it for
         backward; copy it, or save the shard and re-gather). On cuda, read it on the stream
         of the call (or after it); the FP8 scale check reads the scales on the host.
+
+        Raises:
+            StateError: before the first call, after a call without ``keep_gathered`` (push
+                mode: this rank's own slot was not written), or FP8 shards whose scale_invs
+                differ (:meth:`gathered_scale_invs` has them).
         """
         return gathered_input(self._gather_state())
 
     def gathered_scale_invs(self) -> torch.Tensor:
-        """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""
+        """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer
+        (the last call must have kept the gathered input, as for :meth:`gathered_input`)."""
         return gathered_scale_invs(self._gather_state())
 
     def _gather_state(self) -> GatherState:
+        if self._last is not None and not self._kept:
+            raise StateError(
+                f"{_OP}: the last call did not keep the gathered input (its own slot was not "
+                "written); pass keep_gathered=True to the call whose gathered input you need"
+            )
         return GatherState(_OP, self.buffer, self.tp, self.dtype, self.in_features, self._last)
 
     def destroy(self) -> None:

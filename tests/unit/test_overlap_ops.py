@@ -76,6 +76,9 @@ def test_one_rank_ops_are_the_plain_gemm(comm: Communicator, fp8: bool) -> None:
     ag = AllGatherGemm(comm, 40, 64, E4M3 if fp8 else torch.bfloat16)
     out = torch.full((37, 48), float("nan"), dtype=torch.bfloat16)
     assert torch.equal(ag(xs, ws, out=out), want)
+    with pytest.raises(StateError, match="keep_gathered=True"):  # not kept by default
+        ag.gathered_input()
+    assert torch.equal(ag(xs, ws, out=out, keep_gathered=True), want)
     gathered = ag.gathered_input()
     if fp8:
         assert torch.equal(gathered.rowwise_data.view(torch.uint8), xd.view(torch.uint8))

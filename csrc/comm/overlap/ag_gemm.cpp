@@ -382,14 +382,24 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   const bool serial = config.staggered_puts;
   const int put_lanes = serial ? split : std::max(1, (n - 1) * split);
   const int own_lane = lanes_c + put_lanes;
-  t.fork(stream, own_lane + 1);
-  // Our own slot, so that the buffer holds the whole gathered input: beside the pushes (a local
-  // copy, which would otherwise end the op after the last push). Nothing in this op reads it.
-  char* const own = buf.data(r);
-  t.put(own + r * l.shard_bytes, a_shard.data, l.shard_bytes, stream, own_lane);
-  if (scaled) {
-    t.put(own + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float), stream,
-          own_lane);
+  t.fork(stream, own_lane + (config.keep_gathered ? 1 : 0));
+  // NOTE [ag_gemm own slot]: our own slot, so that the buffer holds the whole gathered input
+  // (only where the caller keeps it: nothing in this op reads it, the local chunk's GEMM reads
+  // the shard itself). Beside the pushes: a local copy, which would otherwise end the op after
+  // the last push. It is not free there: it shares the copy engines with the pushes. Measured
+  // on 4xH200, TP 4, every staggered variant of the qkv and te4096 AG rows (dev A/B,
+  // 2026-11-22, best ms, copy beside the pushes / none / on c0 before the local GEMM): qkv FP8
+  // M 8192 0.318 / 0.294 / 0.307, bf16 0.479 / 0.482 / 0.505, qkv M 16384 FP8 0.547 / 0.546 /
+  // 0.542, bf16 0.971 / 0.964 / 1.007, te4096 FP8 0.223 / 0.218 / 0.222, bf16 0.384 / 0.381 /
+  // 0.394; the piece variants gained most (qkv FP8 M 8192, one lane, 2 pieces: 0.320 ->
+  // 0.294). Hence config.keep_gathered (the Python op's keep_gathered=False by default).
+  if (config.keep_gathered) {
+    char* const own = buf.data(r);
+    t.put(own + r * l.shard_bytes, a_shard.data, l.shard_bytes, stream, own_lane);
+    if (scaled) {
+      t.put(own + l.scale_offset + r * kScaleSlotBytes, a_shard.scale_inv, sizeof(float), stream,
+            own_lane);
+    }
   }
   // Pushes first: the host transport runs in program order, so every rank must publish its
   // shard before it waits for any peer's.

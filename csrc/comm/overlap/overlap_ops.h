@@ -50,6 +50,10 @@ struct OverlapConfig {
   // of one piece per rank, each piece pulled and reduced while later rounds are computed
   // (NOTE [gemm_rs pieces]). 1 = whole chunks, best for GEMM-bound shapes.
   int pieces = 1;
+  // ag_gemm (pushes): also copy our own shard into our slot, so that the buffer holds the whole
+  // gathered input after the op (NOTE [ag_gemm own slot]). The pulls always copy it (the peers
+  // read it there).
+  bool keep_gathered = true;
 };
 constexpr int kMaxComputeLanes = 4;
 constexpr int kMaxRingSubchunks = 4;
@@ -81,7 +85,8 @@ AgGemmLayout ag_gemm_layout(int size, std::size_t shard_bytes, bool scaled);
 // d: the whole output [size * m, n] (rows == size * m, row_offset 0); not FP8 (a per-tensor
 //   amax over chunk GEMMs is not implemented).
 // options: the GEMM's options (alpha, bias, gelu, fast_accum, sm_count; beta == 0).
-// After the op, the buffer holds the gathered input (NOTE [ag_gemm layout]) until the next op.
+// After the op, the buffer holds the gathered input (NOTE [ag_gemm layout]) until the next op,
+// unless config.keep_gathered is false (pushes: our own slot is then left as it was).
 // config.pieces splits each peer's shard (NOTE [ag_gemm pieces]); every op takes
 // kPieceEpochs epochs of the buffer whatever the pieces.
 void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm::GemmOperand& b,

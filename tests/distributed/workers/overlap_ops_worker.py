@@ -113,13 +113,22 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
             bias = rand(1, nout, gen).view(-1) if trial == 1 else None
             gelu = trial == 1
             out = torch.full((n * m, nout), POISON, dtype=torch.bfloat16, device=DEVICE)
-            got = ag(xs, ws, out=out, bias=bias, gelu=gelu)
+            keep = trial % 3 != 2  # the own slot copied or not: same output
+            got = ag(xs, ws, out=out, bias=bias, gelu=gelu, keep_gathered=keep)
             assert got is out
             want, gathered = all_gather_gemm_reference(xs, ws, group=group, bias=bias, gelu=gelu)
             close(got, want, f"ag_gemm trial {trial} fp8={use_fp8}", use_fp8)
-            view = ag.gathered_input() if not use_fp8 else ag.buffer.view(E4M3, (n * m, k))
-            assert torch.equal(view.view(torch.uint8), gathered.view(torch.uint8)), "gathered"
-            if use_fp8:
+            raw = ag.buffer.view(dtype, (n * m, k)).view(torch.uint8)
+            if not (keep or ag.pull_shards):  # the peers' rows landed, ours were not copied
+                _worker.expect_raises(StateError, "keep_gathered=True", ag.gathered_input)
+                mine = slice(tp.rank * m, (tp.rank + 1) * m)
+                peers = torch.ones(n * m, dtype=torch.bool, device=DEVICE)
+                peers[mine] = False
+                assert torch.equal(raw[peers], gathered.view(torch.uint8)[peers]), "peer rows"
+            else:
+                view = ag.gathered_input().view(torch.uint8) if not use_fp8 else raw
+                assert torch.equal(view, gathered.view(torch.uint8)), "gathered"
+            if use_fp8 and (keep or ag.pull_shards):
                 want_scales = all_gather_rows(xs.rowwise_scale_inv.reshape(1), group)
                 assert torch.equal(ag.gathered_scale_invs(), want_scales), "scale_invs"
                 _worker.expect_raises(StateError, "different scale_inv", ag.gathered_input)
@@ -153,7 +162,7 @@ def several_weights(
     wq = [fp8(w, 32.0 * (i + 1)) for i, w in enumerate(ws)] if use_fp8 else ws
     biases = [None, rand(1, widths[1], gen).view(-1), None]
     outs = [torch.full((n * m, w), POISON, dtype=torch.bfloat16, device=DEVICE) for w in widths]
-    got = ag(xs, wq, out=outs, bias=biases)
+    got = ag(xs, wq, out=outs, bias=biases, keep_gathered=True)
     assert (
         isinstance(got, tuple)
         and len(got) == 3
@@ -265,7 +274,8 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
             ag.pieces = 1 + i % 3  # several epochs per op (NOTE [ag_gemm pieces])
             ag.pull_shards = i % 2 == 1  # pulls after pushes and back (NOTE [ag_gemm pulls])
             got_ag.append(ag(x, w).clone())
-            got_two.append([y.clone() for y in ag(x, (w2, w))])  # two weights, one gather
+            # Two weights, one gather, the gathered input kept (pushes: our own slot copied).
+            got_two.append([y.clone() for y in ag(x, (w2, w), keep_gathered=True)])
             # Stream order: the op has read its input by now (its copy lanes joined back).
             x.fill_(POISON)
             got_gathered.append(ag.gathered_input().clone())
