@@ -50,9 +50,10 @@ and ``{layer}_wgrad`` is ``BULK_RS`` (reduce-scatter those partial sums while wg
 the dgrad instead reduce-scatters inside the dgrad GEMM; the wgrad then has nothing left to
 reduce-scatter and defaults to ``NONE`` (an explicit ``BULK_RS`` is kept: the op objects are
 generic). proj/fc2 wgrad have no collective (``NONE``): their gathered operand is the one the
-``RING_AG`` dgrad left in its buffer. Bulk ops of one kind share a buffer like the others
-(NOTE [ub buffer sharing]); a bulk all-gather's gathered input is read by the wgrad GEMM beside
-the bulk reduce-scatter, which runs on the other kind's buffer.
+``RING_AG`` dgrad left in its buffer (it keeps it by default: NOTE [ub gathered inputs]). Bulk
+ops of one kind share a buffer like the others (NOTE [ub buffer sharing]); a bulk all-gather's
+gathered input is read by the wgrad GEMM beside the bulk reduce-scatter, which runs on the
+other kind's buffer.
 
 NOTE [ub environment]: unlike TE's userbuffers, nothing here needs
 ``CUDA_DEVICE_MAX_CONNECTIONS=1``: the all-gathers run on the copy engines and the GEMM+RS
@@ -173,6 +174,19 @@ def _default_in(name: str, given: Mapping[str, GemmOverlapConfig], tp: int | Non
     return method
 
 
+def _keeps_gathered_by_default(name: str, gemms: Mapping[str, GemmOverlapConfig]) -> bool:
+    """NOTE [ub gathered inputs]: whether the ``RING_AG`` op of GEMM ``name`` keeps the whole
+    gathered input in its buffer by default. proj/fc2 dgrad do: their wgrad (``NONE``) reads
+    the gathered dY from it (NOTE [ub bulk]). qkv/fc1 fprop do only when that layer's dgrad
+    is not ``BULK_AG``, which re-gathers the input for wgrad: the caller then copies the fprop's
+    gathered input out for backward (DESIGN.md invariant 2). Not keeping saves a local copy
+    beside the pushes (NOTE [ag_gemm own slot]: up to 8% of the op)."""
+    layer, pass_ = name.split("_")
+    if pass_ == "dgrad":
+        return True
+    return gemms[f"{layer}_dgrad"].method is not OverlapMethod.BULK_AG
+
+
 def _check_name(name: object) -> None:
     if name not in GEMM_NAMES:
         raise ConfigError(f"unknown GEMM name {name!r}; valid names: {list(GEMM_NAMES)}")
@@ -226,6 +240,10 @@ class GemmOverlapConfig:
             call gives no ``sm_count`` (``None``: the op's default, 8).
         ring_subchunks: sub-chunks each ring hop is pipelined in, 1..4 (``RING_RS`` only;
             NOTE [gemm_rs_ring schedule]).
+        keep_gathered: ``RING_AG`` only: every call leaves the whole gathered input in the
+            buffer for ``gathered_input()`` (:class:`~overlap.ops.AllGatherGemm`'s
+            ``keep_gathered``; a call may still override it). ``None``: :class:`UbConfig`
+            fills in the name's default (NOTE [ub gathered inputs]).
         fp8: the GEMM's input travels in FP8 (``RING_AG`` / ``BULK_AG``: the buffer holds FP8
             shards and their scale_inv; ``PIPELINE_RS`` / ``BULK_RS``: the partial sums still
             travel in the layer's dtype, so the buffer is the same).
@@ -241,6 +259,7 @@ class GemmOverlapConfig:
     gemm_sm_margin: int | None = None
     ring_subchunks: int = 2
     pieces: int | None = None
+    keep_gathered: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method is not None and not isinstance(self.method, OverlapMethod):
@@ -259,9 +278,10 @@ class GemmOverlapConfig:
         _check_int("GemmOverlapConfig.gemm_sm_margin", self.gemm_sm_margin, 0, None, optional=True)
         _check_int("GemmOverlapConfig.ring_subchunks", self.ring_subchunks, 1, 4)
         _check_int("GemmOverlapConfig.pieces", self.pieces, 1, 4, optional=True)
-        for field in ("staggered_puts", "pull_shards", "fp8"):
+        for field in ("staggered_puts", "pull_shards", "fp8", "keep_gathered"):
             value = getattr(self, field)
-            if not isinstance(value, bool) and not (field == "pull_shards" and value is None):
+            optional = field in ("pull_shards", "keep_gathered")
+            if not isinstance(value, bool) and not (optional and value is None):
                 raise ConfigError(
                     f"GemmOverlapConfig.{field}: {getattr(self, field)!r} must be True or False"
                 )
@@ -286,6 +306,11 @@ class GemmOverlapConfig:
         return bool(self.pull_shards)
 
     @property
+    def keeps_gathered(self) -> bool:
+        """``keep_gathered`` with the default filled in (``None``: False)."""
+        return bool(self.keep_gathered)
+
+    @property
     def piece_count(self) -> int:
         """``pieces`` with the op's default filled in (a ``BULK_RS`` of any TP size:
         :class:`UbConfig` fills in its TP size's)."""
@@ -306,6 +331,8 @@ class GemmOverlapConfig:
         if m is OverlapMethod.RING_AG:
             order = "pull" if self.pulls else "staggered" if self.staggered_puts else "all"
             parts = [f"pieces={self.piece_count}", order]
+            if self.keeps_gathered:
+                parts.append("keep_gathered")
         elif m is OverlapMethod.PIPELINE_RS:
             parts = [f"pieces={self.piece_count}", f"max_blocks={self.max_blocks}"]
         elif m is OverlapMethod.RING_RS:
@@ -415,6 +442,11 @@ class UbConfig:
                     f"{name}'s communication; allowed: {[m.value for m in _allowed(name)]}"
                 )
             full[name] = cfg
+        for name in GEMM_NAMES:  # every method is known now
+            cfg = full[name]
+            if cfg.method is OverlapMethod.RING_AG and cfg.keep_gathered is None:
+                keep = _keeps_gathered_by_default(name, full)
+                full[name] = dataclasses.replace(cfg, keep_gathered=keep)
         object.__setattr__(self, "gemms", {n: full[n] for n in GEMM_NAMES})
 
     @classmethod
@@ -616,6 +648,7 @@ class Userbuffers:
                 staggered_puts=cfg.staggered_puts,
                 pieces=cfg.piece_count,
                 pull_shards=cfg.pulls,
+                keep_gathered=cfg.keeps_gathered,
                 name=name,
                 buffer=buffer,
             )

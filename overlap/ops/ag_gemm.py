@@ -76,6 +76,8 @@ class AllGatherGemm:
             ``put_split`` do not apply. On 4xH200 at TP = 4: 2-3% faster than the pushes on
             qkv FP8 with M = 8192, 1-7% slower on the other qkv and te4096 rows measured.
             Every rank must use the same value (a collective mismatch otherwise). Same result.
+        keep_gathered: the calls' default for their ``keep_gathered`` (whether the whole
+            gathered input stays in the buffer for :meth:`gathered_input`).
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
             least :meth:`buffer_bytes` bytes; see NOTE [shared op buffers]).
@@ -110,6 +112,7 @@ class AllGatherGemm:
         staggered_puts: bool = True,
         pieces: int = 1,
         pull_shards: bool = False,
+        keep_gathered: bool = False,
         name: str = "ag_gemm",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
@@ -123,6 +126,7 @@ class AllGatherGemm:
         self.staggered_puts = bool(staggered_puts)
         self.pieces = check_pieces(_OP, pieces)
         self.pull_shards = bool(pull_shards)
+        self.keep_gathered = bool(keep_gathered)
         self.device = op_device(comm)
         nbytes = self.buffer_bytes(tp, self.max_tokens, self.in_features, dtype)
         self._owns_buffer = buffer is None
@@ -143,7 +147,7 @@ class AllGatherGemm:
         out_dtype: torch.dtype | None = None,
         fast_accum: bool | None = None,
         sm_count: int = 0,
-        keep_gathered: bool = False,
+        keep_gathered: bool | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """COLLECTIVE: ``Y = epilogue(alpha * AllGather(x_shard) @ weight.T + bias)``.
 
@@ -172,11 +176,12 @@ class AllGatherGemm:
             fast_accum: FP8 only (default on, as :func:`overlap.gemm.gemm`).
             sm_count: SMs the chunk GEMMs plan for (0 = all).
             keep_gathered: also leave the whole gathered input ``[tp * m, K]`` in the buffer
-                for :meth:`gathered_input` (e.g. for a wgrad that does not re-gather). It
-                costs this rank's shard copied into its own slot beside the pushes, which
-                share the copy engines with it: up to 8% of the op where the gather is about
-                as long as the GEMM (NOTE [ag_gemm own slot]). With ``pull_shards`` the
-                buffer always holds it. Each rank decides for itself.
+                for :meth:`gathered_input` (e.g. for a wgrad that does not re-gather; None:
+                the op's ``keep_gathered``, False unless given). It costs this rank's shard
+                copied into its own slot beside the pushes, which share the copy engines with
+                it: up to 8% of the op where the gather is about as long as the GEMM (NOTE
+                [ag_gemm own slot]). With ``pull_shards`` the buffer always holds it. Each
+                rank decides for itself.
 
         Returns:
             ``out`` ``[tp * m, N]``, or a tuple of one output per weight when ``weight`` is a
@@ -239,6 +244,7 @@ class AllGatherGemm:
             device=self.device,
         )
         kwargs["b_scale_inv"] = b_scale_invs
+        keep = self.keep_gathered if keep_gathered is None else bool(keep_gathered)
         native().comm_ops.ag_gemm(
             self.buffer._core,
             a,
@@ -249,13 +255,13 @@ class AllGatherGemm:
             staggered_puts=self.staggered_puts,
             pieces=self.pieces,
             pull_shards=self.pull_shards,
-            keep_gathered=bool(keep_gathered),
+            keep_gathered=keep,
             **kwargs,
         )
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
         hp_dtype = x_shard.dtype if isinstance(x_shard, QuantizedTensor) else a.dtype
         self._last = (m, hp_dtype, fmt)
-        self._kept = bool(keep_gathered) or self.pull_shards
+        self._kept = keep or self.pull_shards
         return tuple(outs) if several else outs[0]
 
     def gathered_input(self) -> torch.Tensor | QuantizedTensor:
@@ -282,7 +288,8 @@ class AllGatherGemm:
         if self._last is not None and not self._kept:
             raise StateError(
                 f"{_OP}: the last call did not keep the gathered input (its own slot was not "
-                "written); pass keep_gathered=True to the call whose gathered input you need"
+                "written); pass keep_gathered=True to the call whose gathered input you need "
+                "(or construct the op with keep_gathered=True)"
             )
         return GatherState(_OP, self.buffer, self.tp, self.dtype, self.in_features, self._last)
 

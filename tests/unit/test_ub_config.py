@@ -108,6 +108,28 @@ def test_tp2_defaults_to_the_ring_with_pulls() -> None:
     assert te.gemms["proj_fprop"] == GemmOverlapConfig(M.RING_RS, pull_shards=True, fp8=True)
 
 
+def test_which_ag_gemms_keep_their_gathered_input() -> None:
+    # NOTE [ub gathered inputs]: proj/fc2 dgrad keep it (their wgrad reads it); qkv/fc1 fprop
+    # only when their backward does not re-gather (dgrad not BULK_AG).
+    cfg = UbConfig(8, 4)
+    keeps = {n: c.keep_gathered for n, c in cfg.gemms.items() if c.method is M.RING_AG}
+    assert keeps == {
+        "qkv_fprop": False,
+        "proj_dgrad": True,
+        "fc1_fprop": False,
+        "fc2_dgrad": True,
+    }
+    assert cfg.gemms["qkv_dgrad"].keep_gathered is None  # not an AG+GEMM
+    assert cfg.gemms["fc2_dgrad"].settings == "pieces=1 staggered keep_gathered"
+    pipelined = UbConfig(8, 4, gemms={"fc1_dgrad": GemmOverlapConfig(M.PIPELINE_RS)})
+    assert pipelined.gemms["fc1_fprop"].keep_gathered is True
+    assert pipelined.gemms["qkv_fprop"].keep_gathered is False
+    given = {"fc2_dgrad": GemmOverlapConfig(keep_gathered=False)}
+    assert UbConfig(8, 4, gemms=given).gemms["fc2_dgrad"].keep_gathered is False
+    with pytest.raises(ConfigError, match="keep_gathered: 1 must be True or False"):
+        GemmOverlapConfig(keep_gathered=1)  # type: ignore[arg-type]
+
+
 def test_pipelined_dgrad_leaves_wgrad_nothing_to_scatter() -> None:
     # NOTE [ub bulk]: a PIPELINE_RS dgrad reduce-scatters itself; its wgrad defaults to NONE.
     cfg = UbConfig(8, 4, gemms={"fc1_dgrad": GemmOverlapConfig(M.PIPELINE_RS)})
@@ -194,7 +216,8 @@ def test_te_dict_conversion() -> None:
         "fc2_dgrad": {},
     }
     cfg = UbConfig.from_te_dict(te, tokens=8, hidden=4)
-    assert cfg.gemms["qkv_fprop"] == GemmOverlapConfig(M.RING_AG, fp8=True)
+    want = GemmOverlapConfig(M.RING_AG, fp8=True, keep_gathered=False)  # qkv_dgrad: bulk
+    assert cfg.gemms["qkv_fprop"] == want
     assert cfg.gemms["proj_fprop"].method is M.PIPELINE_RS
     assert cfg.gemms["qkv_dgrad"].method is M.BULK_AG
     assert cfg.gemms["fc1_wgrad"].method is M.BULK_RS
@@ -385,6 +408,13 @@ def test_lifecycle_and_ops_through_the_registry() -> None:
     with pytest.raises(ConfigError, match=r"proj_wgrad is not overlapped \(method none\)"):
         get_ub("proj_wgrad")
     assert not ub.is_overlapped("proj_wgrad") and ub.is_overlapped("proj_fprop")
+    # A row-parallel backward: the dgrad's gathered dY stays in its buffer for the wgrad (NOTE
+    # [ub gathered inputs]); fprop's AG+GEMM does not keep its gathered input by default.
+    dy_shard, w_proj = rand(16, 32, seed=10), rand(24, 32, seed=11)
+    assert torch.equal(get_ub("proj_dgrad")(dy_shard, w_proj), gemm(dy_shard, w_proj, transb=True))
+    assert torch.equal(get_ub("proj_dgrad").gathered_input(), dy_shard)
+    with pytest.raises(StateError, match="keep_gathered=True"):
+        get_ub("fc1_fprop").gathered_input()
     # The bulk pair of a column-parallel backward (NOTE [ub bulk]): gather the input beside
     # dgrad, then reduce-scatter dgrad's partial sums beside wgrad, which reads the gathered
     # input from the other buffer.
