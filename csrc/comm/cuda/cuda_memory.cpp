@@ -57,7 +57,9 @@ void release_on_device(int device, Release&& release) {
 
 DeviceAllocation::DeviceAllocation(int device, std::size_t bytes) : device_(device), size_(bytes) {
   DeviceGuard guard(device);
-  const cudaError_t err = cudaMalloc(&data_, bytes);
+  const std::size_t rounded = (bytes + kAllocationRounding - 1) / kAllocationRounding *
+                              kAllocationRounding;  // NOTE [allocation granularity]
+  const cudaError_t err = cudaMalloc(&data_, rounded);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // clear the sticky-free error state of the runtime
     OVERLAP_THROW(kCuda, "cannot allocate a symmetric buffer of "

@@ -11,7 +11,20 @@
 
 namespace overlap::comm::cuda {
 
-// cudaMalloc'd device memory on `device`, shareable by CUDA IPC.
+// NOTE [allocation granularity]: a region's cudaMalloc is rounded up to a whole number of
+// 2 MiB (the GPU's large page). Peers read and write the region over NVLink through its CUDA
+// IPC mapping, and an allocation with a small tail beyond a whole number of MiB came out
+// slow for every copy-engine copy touching it: on 4xH200 (TP 4, scripts of 2026-11-22, torch
+// async-TP's AG+GEMM schedule rebuilt with our GEMM, qkv FP8 M 8192, four 16 MB pulls per op
+// between peers' regions at the same offsets) the op took 0.281 ms with regions of 64 MiB,
+// 65, 66 or 128 MiB, and 0.308-0.310 ms with 64 MiB + 64 B (our AG+GEMM buffer: the shard
+// slots + the FP8 scale slots), + 256 B or + 4 KiB, each 16 MB pull 60-83 us instead of 48.
+// What the driver does differently with such sizes is not documented; the rounding costs at
+// most 2 MiB per region and is invisible to callers (size() is the size asked for).
+constexpr std::size_t kAllocationRounding = std::size_t{2} << 20;
+
+// cudaMalloc'd device memory on `device`, shareable by CUDA IPC (NOTE [allocation
+// granularity]: the allocation is rounded up to kAllocationRounding).
 class DeviceAllocation {
  public:
   DeviceAllocation(int device, std::size_t bytes);
