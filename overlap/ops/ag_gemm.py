@@ -73,8 +73,9 @@ class AllGatherGemm:
             kernels on the caller's stream (before the copy, and once every shard and FP8
             scale_inv is in place), then one copy-engine lane pulls the peers' shards, rank
             r+1's first, each chunk's GEMMs following its pull; ``staggered_puts`` and
-            ``put_split`` do not apply. On 4xH200 at TP = 4: 2-3% faster than the pushes on
-            qkv FP8 with M = 8192, 1-7% slower on the other qkv and te4096 rows measured.
+            ``put_split`` do not apply. On 4xH200 (2026-11-22) 1-7% slower than the pushes on
+            every AG row of the suite at TP = 4 and up to 10% at TP = 2 (qkv FP8, TP = 4,
+            M = 8192: 0.278 against 0.269 ms).
             Every rank must use the same value (a collective mismatch otherwise). Same result.
         keep_gathered: the calls' default for their ``keep_gathered`` (whether the whole
             gathered input stays in the buffer for :meth:`gathered_input`).

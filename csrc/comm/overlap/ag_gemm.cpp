@@ -139,7 +139,8 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 //   qkv M 16384 FP8 0.531-0.545 / 0.564-0.576 / 0.517-0.528
 //   qkv M 16384 bf16 0.975-1.007 / 1.013-1.083 / 0.986-1.034
 //   te4096 FP8 0.220-0.221 / 0.224-0.239 / 0.218-0.220; bf16 0.386-0.408 / 0.393-0.424
-// So pulls win only on qkv FP8 M 8192, by 2-3%, and are not the default. Timelines (--trace)
+// So pulls won only on qkv FP8 M 8192, by 2-3%, and are not the default (with regions
+// rounded to 2 MiB, below, the pushes win there too: 0.269 against 0.278). Timelines (--trace)
 // say why they do not reach torch's time: each 16 MB pull takes 58-82 us beside our chunk
 // GEMMs against torch's 48, though the same pulls with the GEMMs left out (a dev-only toggle)
 // take 47-48. Ruled out with a microbenchmark of 16 MB copy-engine pulls, all four ranks
@@ -149,8 +150,13 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // r+1, r+2, r+3 in turn take 70-80 (ranks out of phase: two readers on one source), with a
 // barrier before each copy 65 (the barrier included), as do pulls from r+1 alone. Splitting
 // each pull over two or three copy lanes was slower (qkv FP8 0.37-0.44 ms), and so was each
-// pull on its GEMM's compute lane (torch's stream placement: 0.315-0.326). Still open: what
-// in our op slows a pull beside a GEMM. Ruled out in the op itself (the whole TP 4 suite or
+// pull on its GEMM's compute lane (torch's stream placement: 0.315-0.326). What slowed a pull
+// in our op was the buffer's allocation size (NOTE [allocation granularity] in
+// cuda_memory.h): 64 MiB of shard slots + 64 B of FP8 scale slots; torch's schedule rebuilt
+// in Python on a region of that size was as slow as our op (0.307-0.310), on a 64 MiB one as
+// fast as torch (0.278-0.281), and with regions rounded to 2 MiB our pulls take 48-49 us and
+// pull/lanes1 0.284 ms (2026-11-22). The measurements above predate that fix. Ruled out in
+// the op itself (the whole TP 4 suite or
 // its qkv and te4096 AG rows, 2026-11-22): every lane created at the lowest stream priority
 // instead of the highest (qkv FP8 0.301 ms either way, no row beyond noise), and
 // CUDA_DEVICE_MAX_CONNECTIONS=32 instead of 8, against streams sharing hardware queues
@@ -302,8 +308,15 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // our IPC region, torch's symmetric memory), the same as alone: what slows the copies in the
 // op is not a GEMM beside them.
 // With handshake kernels (NOTE [ag_gemm pulls]) the pulls' handshake latency is gone (both
-// handshakes 5-9 us in steady state, torch's barriers 3-4), and what remains is the rate of
-// each pull beside our chunk GEMMs: 58-82 us per 16 MB against torch's 48 (measured there).
+// handshakes 5-9 us in steady state, torch's barriers 3-4), and what remained was the rate of
+// each pull beside our chunk GEMMs: 58-82 us per 16 MB against torch's 48. The microbenchmark
+// above copied between regions of whole MiB; the op's FP8 buffer had a 64-byte tail of scale
+// slots, which slowed every copy into or out of it (NOTE [allocation granularity] in
+// cuda_memory.h). With regions rounded to 2 MiB the whole TP 4 suite (2026-11-22): qkv FP8
+// M 8192 0.294 -> 0.269 ms (torch 0.275; best variant the staggered pushes again, two compute
+// lanes), M 16384 0.527 -> 0.512 (torch 0.513); rows without FP8 scale slots unchanged.
+// Several of the measurements above (the copy rates of pushes, the A/Bs of the FP8 rows)
+// were taken on the slow buffer.
 //
 // Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
 // landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
