@@ -573,6 +573,7 @@ class _BufferUse:
     dtype: str
     put_split: int
     nbytes: int
+    allocated: int  # SymmetricBuffer.allocated_bytes: nbytes, or more (cuda rounds to 2 MiB)
     names: tuple[str, ...]
 
 
@@ -620,7 +621,10 @@ class Userbuffers:
                 buffer = comm.create_buffer(nbytes, f"ub_{kind.value}_{dtype_name}_{split}")
                 if kind is not OverlapMethod.PIPELINE_RS:
                     buffer.put_split = split
-                self._uses.append(_BufferUse(kind, dtype_name, split, nbytes, tuple(names)))
+                use = _BufferUse(
+                    kind, dtype_name, split, nbytes, buffer.allocated_bytes, tuple(names)
+                )
+                self._uses.append(use)
                 for name in names:
                     self._ops[name] = self._make_op(name, buffer, buf_dtype)
         except BaseException:
@@ -681,8 +685,10 @@ class Userbuffers:
 
     @property
     def total_bytes(self) -> int:
-        """Bytes of symmetric buffers this rank allocated (the same on every rank)."""
-        return sum(u.nbytes for u in self._uses)
+        """Bytes of memory this rank holds for its symmetric buffers (the same on every rank):
+        their sizes, each rounded up as the transport allocates it (cuda: to 2 MiB, NOTE
+        [allocation granularity] in ``csrc/comm/cuda/cuda_memory.h``)."""
+        return sum(u.allocated for u in self._uses)
 
     def is_overlapped(self, name: str) -> bool:
         """Whether ``name`` has an overlap op (False for the ``NONE`` method)."""
@@ -734,7 +740,7 @@ class Userbuffers:
         for i, u in enumerate(self._uses):
             lines.append(
                 f"buffer #{i}: {u.kind.value} {u.dtype} put_split={u.put_split} "
-                f"{u.nbytes} bytes, shared by {', '.join(u.names)}"
+                f"{u.nbytes} bytes ({u.allocated} allocated), shared by {', '.join(u.names)}"
             )
         lines.append(f"total: {self.total_bytes} bytes per rank")
         return "\n".join(lines)

@@ -71,6 +71,7 @@ void register_comm(py::module_& m) {
       .def_property_readonly("rank", &SymmetricBuffer::rank)
       .def_property_readonly("size", &SymmetricBuffer::size)
       .def_property_readonly("nbytes", &SymmetricBuffer::bytes)
+      .def_property_readonly("allocated_bytes", &SymmetricBuffer::allocated_bytes)
       .def_property("timeout_s", &SymmetricBuffer::timeout_s, &SymmetricBuffer::set_timeout_s)
       .def_property("put_split", &SymmetricBuffer::put_split, &SymmetricBuffer::set_put_split)
       .def_property("pull_gather", &SymmetricBuffer::pull_gather, &SymmetricBuffer::set_pull_gather)

@@ -25,6 +25,7 @@ SymmetricBuffer::SymmetricBuffer(std::shared_ptr<Transport> transport, int rank,
   OVERLAP_CHECK_ARG(bytes > 0, "symmetric buffer size must be > 0 bytes");
   set_timeout_s(timeout_s);
   local_ = transport_->allocate(bytes, tag);
+  allocated_bytes_ = local_->allocated_bytes();
   peers_.resize(size);
 }
 

@@ -67,6 +67,9 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::size_t bytes() const { return bytes_; }
+  // Device (or shared) memory this rank holds for its data region: bytes(), or more where the
+  // transport rounds allocations up (LocalRegion::allocated_bytes).
+  std::size_t allocated_bytes() const { return allocated_bytes_; }
   double timeout_s() const { return timeout_s_; }
   void set_timeout_s(double timeout_s);
   // NOTE [put split]: how many copies (lanes) carry one put to one peer; a tuning knob. On
@@ -139,6 +142,7 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   int rank_;
   int size_;
   std::size_t bytes_;
+  std::size_t allocated_bytes_ = 0;
   double timeout_s_;
   int put_split_ = kDefaultPutSplit;
   bool pull_gather_ = false;

@@ -99,6 +99,9 @@ class LocalRegion {
   virtual ~LocalRegion() = default;
   virtual void* data() const = 0;  // the data part (size() bytes)
   virtual std::size_t size() const = 0;
+  // Bytes of memory held for the data part: size(), or more where the transport rounds its
+  // allocations up (cuda: NOTE [allocation granularity] in cuda/cuda_memory.h).
+  virtual std::size_t allocated_bytes() const { return size(); }
   virtual std::uint64_t* flags() const = 0;  // kFlagBytes of flag slots, zero-initialised
   // Opaque bytes that let a peer map this region (exchanged by the bootstrap).
   virtual std::string export_handle() const = 0;

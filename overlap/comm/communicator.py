@@ -65,6 +65,13 @@ class SymmetricBuffer:
         return int(self._core.nbytes)
 
     @property
+    def allocated_bytes(self) -> int:
+        """Device memory (host transport: shared memory) this rank holds for its data region:
+        :attr:`nbytes`, or more where the transport rounds allocations up (cuda: to a whole
+        number of 2 MiB, NOTE [allocation granularity] in ``csrc/comm/cuda/cuda_memory.h``)."""
+        return int(self._core.allocated_bytes)
+
+    @property
     def rank(self) -> int:
         return int(self._core.rank)
 

@@ -55,11 +55,13 @@ void release_on_device(int device, Release&& release) {
 
 }  // namespace
 
-DeviceAllocation::DeviceAllocation(int device, std::size_t bytes) : device_(device), size_(bytes) {
+DeviceAllocation::DeviceAllocation(int device, std::size_t bytes)
+    : device_(device),
+      size_(bytes),
+      allocated_((bytes + kAllocationRounding - 1) / kAllocationRounding *
+                 kAllocationRounding) {  // NOTE [allocation granularity]
   DeviceGuard guard(device);
-  const std::size_t rounded = (bytes + kAllocationRounding - 1) / kAllocationRounding *
-                              kAllocationRounding;  // NOTE [allocation granularity]
-  const cudaError_t err = cudaMalloc(&data_, rounded);
+  const cudaError_t err = cudaMalloc(&data_, allocated_);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // clear the sticky-free error state of the runtime
     OVERLAP_THROW(kCuda, "cannot allocate a symmetric buffer of "

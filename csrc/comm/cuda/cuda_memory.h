@@ -34,6 +34,8 @@ class DeviceAllocation {
 
   void* data() const { return data_; }
   std::size_t size() const { return size_; }
+  // Bytes actually allocated: size() rounded up to kAllocationRounding.
+  std::size_t allocated() const { return allocated_; }
   int device() const { return device_; }
   // The IPC handle of the allocation, hex-encoded (128 characters).
   std::string export_ipc_handle() const;
@@ -41,6 +43,7 @@ class DeviceAllocation {
  private:
   int device_;
   std::size_t size_;
+  std::size_t allocated_;
   void* data_ = nullptr;
 };
 

@@ -88,6 +88,7 @@ class CudaRegion final : public LocalRegion {
 
   void* data() const override { return memory_.data(); }
   std::size_t size() const override { return memory_.size(); }
+  std::size_t allocated_bytes() const override { return memory_.allocated(); }
   std::uint64_t* flags() const override {
     return static_cast<std::uint64_t*>(flags_.segment.data());
   }

@@ -17,7 +17,7 @@ import torch
 from overlap import destroy_ub, get_ub, initialize_ub
 from overlap.errors import ConfigError, InvalidArgumentError, StateError
 from overlap.ops import RsMethod, all_gather_gemm_reference, gemm_reduce_scatter_reference
-from overlap.ub import Userbuffers
+from overlap.ub import GEMM_NAMES, Userbuffers
 
 TOKENS_PER_RANK, HIDDEN, QKV_OUT, FFN = 6, 16, 24, 32  # tiny: CI has 2 cores
 
@@ -86,6 +86,14 @@ def main() -> None:
 
     totals = {int(b) for b in tp.allgather_bytes(str(ub.total_bytes).encode())}
     assert totals == {ub.total_bytes} and ub.total_bytes > 0, totals
+    # total_bytes counts what is allocated: cuda regions are whole 2 MiB (NOTE [allocation
+    # granularity]), host ones exactly the size asked for.
+    granule = 2 << 20 if device.type == "cuda" else 1
+    buffers = {id(b): b for b in (ub.get(n).buffer for n in GEMM_NAMES if ub.is_overlapped(n))}
+    for b in buffers.values():
+        assert b.allocated_bytes % granule == 0, (b.name, b.nbytes, b.allocated_bytes)
+        assert b.nbytes <= b.allocated_bytes < b.nbytes + granule, (b.name, b.allocated_bytes)
+    assert ub.total_bytes == sum(b.allocated_bytes for b in buffers.values())
     gen = torch.Generator().manual_seed(1234 + tp.rank)  # rank-specific activations
     shared = torch.Generator().manual_seed(99)  # weights equal on every rank
 
