@@ -156,11 +156,10 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // in Python on a region of that size was as slow as our op (0.307-0.310), on a 64 MiB one as
 // fast as torch (0.278-0.281), and with regions rounded to 2 MiB our pulls take 48-49 us and
 // pull/lanes1 0.284 ms (2026-11-22). The measurements above predate that fix. Ruled out in
-// the op itself (the whole TP 4 suite or
-// its qkv and te4096 AG rows, 2026-11-22): every lane created at the lowest stream priority
-// instead of the highest (qkv FP8 0.301 ms either way, no row beyond noise), and
-// CUDA_DEVICE_MAX_CONNECTIONS=32 instead of 8, against streams sharing hardware queues
-// (0.303 -> 0.301; median row 1.078 -> 1.070 x floor). Pieces help the pulls on the qkv FP8
+// the op itself (the whole TP 4 suite or its qkv and te4096 AG rows, 2026-11-22): every lane
+// created at the lowest stream priority instead of the highest (qkv FP8 0.301 ms either way, no row
+// beyond noise), and CUDA_DEVICE_MAX_CONNECTIONS=32 instead of 8, against streams sharing hardware
+// queues (0.303 -> 0.301; median row 1.078 -> 1.070 x floor). Pieces help the pulls on the qkv FP8
 // rows only (the last chunk's GEMM after the last pull is then half as long): M 8192 0.303-0.306
 // -> 0.292-0.297 ms, M 16384 0.575-0.578 -> 0.550-0.557 (torch 0.276 and 0.532); other rows
 // are slower with them (te4096 FP8 0.228 -> 0.235-0.243).
