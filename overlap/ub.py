@@ -599,12 +599,16 @@ class Userbuffers:
         except ConfigError:
             comm.destroy()
             raise
+        # A config made for any TP size (tp None) gets this group's TP-dependent defaults
+        # (NOTE [bulk_rs defaults]); its methods stay as it chose them.
+        resolved = config if config.tp is not None else dataclasses.replace(config, tp=self.tp)
+        self._gemms: Mapping[str, GemmOverlapConfig] = resolved.gemms
         dtype = getattr(torch, config.dtype)
         fp8_dtype = getattr(torch, config.fp8_dtype)
         self._ops: dict[str, UbOp] = {}
         self._uses: list[_BufferUse] = []
         groups: dict[tuple[OverlapMethod, str, int], list[str]] = {}
-        for name, cfg in config.gemms.items():
+        for name, cfg in self._gemms.items():
             if not cfg.method.overlapped:  # type: ignore[union-attr]
                 continue
             ag = cfg.method in (OverlapMethod.RING_AG, OverlapMethod.BULK_AG)
@@ -635,14 +639,14 @@ class Userbuffers:
     def _buffer_bytes(self, name: str, buf_dtype: torch.dtype) -> int:
         """Bytes the op of ``name`` needs of its buffer (a GEMM+RS buffer is sized for the
         larger of its methods' needs, NOTE [gemm_rs_ring layout])."""
-        method = self.config.gemms[name].method
+        method = self._gemms[name].method
         args = (self.tp, self.config.tokens, self.config.hidden, buf_dtype)
         if method is OverlapMethod.RING_RS:
             return _op_class(method).buffer_bytes(*args, method="ring")  # type: ignore[call-arg]
         return _op_class(method).buffer_bytes(*args)  # type: ignore[arg-type]
 
     def _make_op(self, name: str, buffer: SymmetricBuffer, buf_dtype: torch.dtype) -> UbOp:
-        cfg = self.config.gemms[name]
+        cfg = self._gemms[name]
         op_cls = _op_class(cfg.method)  # type: ignore[arg-type]
         args = (self.comm, self.config.tokens, self.config.hidden, buf_dtype)
         if cfg.method is OverlapMethod.RING_AG:
@@ -726,7 +730,7 @@ class Userbuffers:
             f"dtype={self.config.dtype} transport={self.comm.transport.value}",
             f"{'gemm':<11} {'method':<12} {'fp8':<5} {'lanes':<5} {'buffer':<14} settings",
         ]
-        for name, cfg in self.config.gemms.items():
+        for name, cfg in self._gemms.items():
             method = cfg.method.value  # type: ignore[union-attr]
             if name in buffer_of:
                 where = f"#{buffer_of[name]}"

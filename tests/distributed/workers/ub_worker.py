@@ -17,7 +17,8 @@ import torch
 from overlap import destroy_ub, get_ub, initialize_ub
 from overlap.errors import ConfigError, InvalidArgumentError, StateError
 from overlap.ops import RsMethod, all_gather_gemm_reference, gemm_reduce_scatter_reference
-from overlap.ub import GEMM_NAMES, Userbuffers
+from overlap.ops.bulk import bulk_rs_defaults
+from overlap.ub import GEMM_NAMES, UbConfig, Userbuffers
 
 TOKENS_PER_RANK, HIDDEN, QKV_OUT, FFN = 6, 16, 24, 32  # tiny: CI has 2 cores
 
@@ -68,6 +69,19 @@ def main() -> None:
             (tokens + 1, HIDDEN), group, transport=s.transport, mesh_dim=mesh_dim, register=False
         ),
     )
+    # A UbConfig made for any TP size: the bulk reduce-scatter gets this group's defaults.
+    any_tp = initialize_ub(
+        (tokens, HIDDEN),
+        group,
+        ub_cfgs=UbConfig(tokens, HIDDEN),
+        transport=s.transport,
+        mesh_dim=mesh_dim,
+        register=False,
+    )
+    wgrad = any_tp.get("qkv_wgrad")
+    assert (wgrad.gemm_sm_margin, wgrad.pieces) == bulk_rs_defaults(tp.size), wgrad.pieces
+    assert f"pieces={wgrad.pieces} " in any_tp.describe()
+    any_tp.destroy()
     ub = initialize_ub(
         (tokens, HIDDEN), group, torch.bfloat16, transport=s.transport, mesh_dim=mesh_dim
     )
