@@ -1,10 +1,10 @@
 """Worker (run under mpirun): the baseline collectives our userbuffers must beat.
 
 On GPUs: NCCL all-gather and reduce-scatter bus bandwidth for 8-256 MB next to overlap's
-cuda-transport all-gather (copy engines, no SMs) and reduce-scatter (DESIGN.md §6 target: ours
->= 95% of NCCL at >= 32 MB), plus the amax kernel's bandwidth. On the host transport: gloo
-all-gather next to overlap's own host-transport all-gather and reduce-scatter, and the
-bootstrap's allgather latency.
+cuda-transport all-gather (the data by copy engines, no SM; two one-block handshake kernels)
+and reduce-scatter (DESIGN.md §6 target: ours >= 95% of NCCL), plus the amax kernel's
+bandwidth. On the host transport: gloo all-gather next to overlap's own host-transport
+all-gather and reduce-scatter, and the bootstrap's allgather latency.
 
 Times are GPU times (a spin kernel queues each timed call behind the start event, so the
 host's enqueueing is not counted; benchmarks/common.py), for NCCL and for us alike; our

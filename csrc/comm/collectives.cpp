@@ -52,55 +52,44 @@ void put_slot(SymmetricBuffer& buf, const std::vector<GatherPart>& parts, int sr
   for (int j = 1; j < lanes; ++j) t.lane_wait(stream, first, first + j);
 }
 
-// Push: lane 0 copies our shard into our own slot; the lanes of peer i wait for peer i's
-// acknowledgement (NOTE [deferred acknowledgements]) and copy our shard into its slot r; the
-// announcement lane signals kData to peer i once they are done; we wait for every peer's kData.
-//
-// NOTE [announcement lane]: the signals go on a lane of their own, which waits for each peer's
-// copies (an event edge), so that the put lane carries nothing but the acknowledgement waits
-// and the copies, one after another, and starts the next peer's copy without waiting for the
-// previous signal. On 4xH200 (benchmarks/baseline_collectives, one A/B run, push1s, ratio to
-// NCCL): 32 MB 0.861 -> 0.894, 128 MB 1.001 -> 1.062, 256 MB 1.079 -> 1.138. AG+GEMM keeps its
-// signals on the put lanes: there the extra event edges wait behind the chunk GEMMs and the
-// op got slower (NOTE in ag_gemm.cpp). Where the time goes (CUPTI timeline, 4xH200, 32 MB,
-// 125 us per op against NCCL's 109): three 8 MB pushes of ~25 us each, ~8.6 us between
-// consecutive pushes, and ~32 us from the last push to the next op's first (the kData and
-// acknowledgement hops through the flags). Tried and slower: all acknowledgement waits
-// first, then the three pushes back to back (separate copies: 0.123 -> 0.130 ms; one
-// cudaMemcpyBatchAsync: 0.129 ms), then the three signals; and (2026-11-22, median of 4
-// interleaved passes) the signals back on the put lane: 32 MB 0.119 -> 0.124 ms, 8 MB 0.067
-// -> 0.072.
+// The handshake that ends a gather: announce that our shard is in place (pushes: in every
+// peer's region; pulls: in our own slot) to every peer and wait until every peer has
+// announced its own (NOTE [handshakes] in transport.h: one kernel on cuda).
+void data_handshake(SymmetricBuffer& buf, std::uint64_t epoch, cudaStream_t stream) {
+  const int r = buf.rank();
+  const int n = buf.size();
+  Handshake h;
+  h.value = epoch;
+  for (int i = 1; i < n; ++i) {
+    h.signals.push_back(buf.flag((r + i) % n, r, FlagSlot::kData));
+    const int peer = (r + n - i) % n;
+    h.waits.push_back(FlagWait{buf.flag(r, peer, FlagSlot::kData), epoch,
+                               WaitContext{"all_gather", r, peer, i, epoch, buf.timeout_s()}});
+  }
+  buf.transport().handshake(h, stream, 0);
+}
+
+// Push: begin_op has waited for every acknowledgement (a handshake); lane 0 copies our shard
+// into our own slot while the put lanes copy it into slot r of every peer; once all are done,
+// one handshake announces our shard to every peer and waits for theirs.
 void gather_by_pushes(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
                       std::uint64_t epoch, cudaStream_t stream) {
   Transport& t = buf.transport();
   const int r = buf.rank();
   const int n = buf.size();
-  const int per_peer = lanes_per_peer(buf);
-  const int announce_lane = gather_lanes(buf);  // NOTE [announcement lane]
-  t.fork(stream, announce_lane + 1);
+  t.fork(stream, gather_lanes(buf));
   for (const GatherPart& a : parts) {
     t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
   }
   for (int i = 1; i < n; ++i) {
-    const int peer = (r + i) % n;
-    const int first = first_lane(buf, i);
-    for (int j = 0; j < per_peer; ++j) wait_ack(buf, epoch, peer, "all_gather", stream, first + j);
-    put_slot(buf, parts, r, r, peer, first, /*from_input=*/true, stream);
-    t.lane_wait(stream, announce_lane, first);
-    t.signal(buf.flag(peer, r, FlagSlot::kData), epoch, stream, announce_lane);
-  }
-  // The peers' shards are awaited on the caller's stream while our pushes are still running,
-  // then the lanes join: the op ends when both are done.
-  for (int i = 1; i < n; ++i) {
-    const int peer = (r + n - i) % n;
-    WaitContext ctx{"all_gather", r, peer, i, epoch, buf.timeout_s()};
-    t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, 0);
+    put_slot(buf, parts, r, r, (r + i) % n, first_lane(buf, i), /*from_input=*/true, stream);
   }
   t.join(stream);
+  data_handshake(buf, epoch, stream);
 }
 
-// Pull: we copy our shard into our own slot and tell every peer it is there (kData); the
-// lanes of peer i wait for its kData, then copy its slot i from its region into ours. A peer
+// Pull: we copy our shard into our own slot, announce it to every peer and wait for theirs
+// (one handshake); the lanes of peer i then copy its slot i from its region into ours. A peer
 // reads our slot until it enters the next op, whose acknowledgements we wait for before we
 // write our slot again (NOTE [buffer reuse]).
 void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
@@ -108,22 +97,14 @@ void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
   Transport& t = buf.transport();
   const int r = buf.rank();
   const int n = buf.size();
-  const int per_peer = lanes_per_peer(buf);
   for (const GatherPart& a : parts) {
     t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
   }
-  for (int i = 1; i < n; ++i) {
-    t.signal(buf.flag((r + i) % n, r, FlagSlot::kData), epoch, stream, 0);
-  }
+  data_handshake(buf, epoch, stream);
   t.fork(stream, gather_lanes(buf));
   for (int i = 1; i < n; ++i) {
     const int peer = (r + n - i) % n;
-    const int first = first_lane(buf, i);
-    WaitContext ctx{"all_gather", r, peer, i, epoch, buf.timeout_s()};
-    for (int j = 0; j < per_peer; ++j) {
-      t.wait(buf.flag(r, peer, FlagSlot::kData), epoch, ctx, stream, first + j);
-    }
-    put_slot(buf, parts, peer, peer, r, first, /*from_input=*/false, stream);
+    put_slot(buf, parts, peer, peer, r, first_lane(buf, i), /*from_input=*/false, stream);
   }
   t.join(stream);
 }
@@ -133,15 +114,37 @@ void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
 // Timeline of rank r (n ranks), push mode with serial puts, the default (pull mode:
 // gather_by_pulls):
 //
-//   stream   | begin_op | fork | put own chunk -> own slot r, wait kData from r-1, ..., r+1 | join
-//   lane 1   |          |      | wait ack(r+1), put own chunk -> slot r of r+1; then r+2,   |
-//            |          |      |   ..., r-1                                                 |
-//   announce |          |      | (after each put) signal kData to its peer                  |
+// clang-format off
+//   stream | begin_op: handshake kAck(e) | fork | put own chunk -> own slot r          | join | handshake kData(e)
+//   lane 1 |                             |      | put own chunk -> slot r of r+1; then |      |
+//          |                             |      |   r+2, ..., r-1                      |      |
+// clang-format on
 //
-// Without serial puts, lane i carries the put to peer r+i, all at once. Either way the puts
-// are copy-engine copies and the signals/waits stream memory operations on cuda, so the
-// all-gather uses no SMs unless sm_share is set. NOTE [serial puts] in symmetric_buffer.h
-// says why one lane: a GPU's copy engines send as fast to one peer as to all.
+// Without serial puts, lane i carries the put to peer r+i, all at once. The puts are
+// copy-engine copies; the two handshakes are one-block kernels on cuda (NOTE [handshakes] in
+// transport.h), so the all-gather takes one SM for a few us at its start and end, and no SM
+// while the data moves unless sm_share is set. NOTE [serial puts] in symmetric_buffer.h says
+// why one lane: a GPU's copy engines send as fast to one peer as to all.
+//
+// NOTE [gather handshakes]: the ranks meet twice, at the start (every peer has finished the
+// previous op: its acknowledgement) and at the end (every peer's shard is in place), each
+// time in ONE handshake kernel that signals every peer and polls every peer's flag. An
+// earlier design let each put lane wait for its own peer's acknowledgement right before
+// writing into it (NOTE [deferred acknowledgements] in op_protocol.h) and announced each
+// peer's chunk on a lane of its own as soon as it was written, all with stream memory
+// operations (13-15 us a hop, NOTE [cuda transport design]); ~8.6 us passed between
+// consecutive pushes and ~32 us from the last push to the next op's first. Measured on 4xH200
+// (benchmarks.baseline_collectives, bf16, push1s, GPU time in us, two interleaved runs each;
+// NCCL: 47.5, 109, 347, 661):
+//
+//   MB                                  8            32           128          256
+//   memory operations (before)    58.1-58.6   108.5-109.3   313.2-316.2   576.8-621.1
+//   deferred acks + end handshake 54.5-55.3   104.7-105.4   307.5-308.1   562.7-563.3
+//   both handshakes (kept)        45.2-45.5    97.1-97.4    299.1-299.4   554.7-555.7
+//
+// i.e. NCCL time / ours 0.81 -> 1.04 at 8 MB, 1.00 -> 1.12 at 32 MB, 1.10 -> 1.16 at 128 MB,
+// 1.08-1.15 -> 1.19 at 256 MB; the pulls gained as much (8 MB 68.6 -> 53.7 us). Waiting for
+// every peer up front costs nothing here: each rank waits for every peer's shard anyway.
 void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
                       cudaStream_t stream) {
   const int n = buf.size();
@@ -165,9 +168,10 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
     arg = mix_arg(mix_arg(arg, a.offset), a.chunk_bytes);
   }
   // Pushes only write peers' regions: each put lane waits for its peer's acknowledgement.
+  // NOTE [gather handshakes]: both rounds as handshakes, even for pushes.
   const bool pull = buf.pull_gather();
-  const std::uint64_t epoch =
-      begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream, OpAccess{/*pushes_only=*/!pull});
+  const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream,
+                                       OpAccess{/*pushes_only=*/!pull, /*handshake=*/true});
   if (pull) {
     gather_by_pulls(buf, parts, epoch, stream);
   } else {

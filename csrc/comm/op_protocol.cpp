@@ -89,7 +89,7 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
   // 0.325, 8 and 32 MB unchanged. Other runs of the forward order reached 0.329 at 128 MB:
   // the reverse order guards against a slow phase rather than speeding up every run.
   // NOTE [deferred acknowledgements]: when to wait for all of them here.
-  const bool wait_all = !access.pushes_only || buf.peers_read_last_op() ||
+  const bool wait_all = access.handshake || !access.pushes_only || buf.peers_read_last_op() ||
                         t.kind() == TransportKind::kHost || t.capturing(stream);
   buf.set_peers_read_last_op(!access.pushes_only);
   const auto ack_wait = [&](int peer) {

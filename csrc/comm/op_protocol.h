@@ -23,12 +23,14 @@ namespace overlap::comm {
 //   - on the host transport, which runs in program order (no latency to hide, and the
 //     op-record check stays exact);
 //   - while a CUDA graph is captured (a replay may follow an op other than the one that
-//     preceded the capture).
+//     preceded the capture);
+//   - where the op asks for its acknowledgements in one handshake (OpAccess::handshake).
 struct OpAccess {
   bool pushes_only = false;  // no peer reads this rank's region in this op
-  // Exchange the acknowledgements in one handshake (NOTE [handshakes] in transport.h: an SM
-  // kernel on cuda) where begin_op waits for all of them: for ops whose caller's stream has
-  // no GEMM running beside it at this point.
+  // Wait for every acknowledgement up front (even where pushes_only would let the op wait
+  // per peer) and exchange them in one handshake (NOTE [handshakes] in transport.h: an SM
+  // kernel on cuda): for ops whose caller's stream has no GEMM running beside it at this
+  // point.
   bool handshake = false;
 };
 

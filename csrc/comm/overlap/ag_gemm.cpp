@@ -372,8 +372,8 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   detail::take_piece_epochs(buf, stream);  // NOTE [ag_gemm pieces]
   // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial
   // puts] in symmetric_buffer.h); otherwise a set of lanes per peer. Then one lane for our own
-  // slot's copy. The put lanes announce each piece themselves: an announcement lane (as in the
-  // all-gather, NOTE [announcement lane] in collectives.cpp) made this op slower on 4xH200
+  // slot's copy. The put lanes announce each piece themselves: an announcement lane (as the
+  // all-gather once had, NOTE [gather handshakes] in collectives.cpp) made this op slower on 4xH200
   // (qkv fp8 TP4: 0.31 -> 0.35 ms), its event edges waiting behind the chunk GEMMs. A signal
   // lane of its own (as in the bulk ops, NOTE [bulk signal lane] in bulk.cpp; 2026-11-22,
   // every pipeline variant of the qkv and te4096 AG rows, new / old): TP 4 median 1.010 (0.89
