@@ -386,6 +386,14 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // instead was much slower (0.315 -> 0.368, two runs: the kernel waits for SMs the GEMMs hold).
   // Handing the scale_inv and the shard to the copy engines in one cudaMemcpyBatchAsync did
   // not help either (qkv fp8 TP4 0.305 -> 0.304 ms, te4096 fp8 TP4 0.222 -> 0.218: noise).
+  // Nor (2026-11-23, after NOTE [allocation granularity]; a trace showed each peer's push
+  // cycle at ~62 us: the 4-byte copy 2.5, gaps ~3 and ~10, the shard 47) taking them off the
+  // put lane altogether: begin_op's acknowledgements as one handshake kernel whose words
+  // publish our scale_inv in our own slot and fetch the peers' (as the pulls do), no per-peer
+  // acknowledgement wait or scale copy on the put lane. Staggered variants of the qkv and
+  // te4096 AG rows, TP 4, best ms of two runs each, before / FP8 only / every dtype: qkv FP8
+  // M 8192 0.262-0.263 / 0.257-0.262 / 0.261, M 16384 0.495-0.503 / 0.499-0.509 / 0.503-0.506,
+  // te4096 FP8 0.210 / 0.214-0.215 / 0.214; bf16 rows within 1% either way.
   // Pulls whose handshakes were stream memory operations (each rank announcing its shard
   // once to every peer after begin_op's wait for all acknowledgements) were slower than the
   // best push variant on all 24 AG rows of the suite (ms): qkv fp8 TP4 0.304 -> 0.373,
