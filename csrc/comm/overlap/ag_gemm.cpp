@@ -386,7 +386,7 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // instead was much slower (0.315 -> 0.368, two runs: the kernel waits for SMs the GEMMs hold).
   // Handing the scale_inv and the shard to the copy engines in one cudaMemcpyBatchAsync did
   // not help either (qkv fp8 TP4 0.305 -> 0.304 ms, te4096 fp8 TP4 0.222 -> 0.218: noise).
-  // Nor (2026-11-23, after NOTE [allocation granularity]; a trace showed each peer's push
+  // Nor (2026-11-22, after NOTE [allocation granularity]; a trace showed each peer's push
   // cycle at ~62 us: the 4-byte copy 2.5, gaps ~3 and ~10, the shard 47) taking them off the
   // put lane altogether: begin_op's acknowledgements as one handshake kernel whose words
   // publish our scale_inv in our own slot and fetch the peers' (as the pulls do), no per-peer
