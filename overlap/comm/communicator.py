@@ -195,6 +195,11 @@ class SymmetricBuffer:
 
         Returns:
             ``output``: rank ``k``'s input in rows ``[k * m, (k + 1) * m)``.
+
+        On cuda the bytes move by copy engine; the ranks meet at the start and the end in two
+        one-block handshake kernels (NOTE [gather handshakes] in ``csrc/comm/collectives.cpp``).
+        Beside a GEMM on another stream, which can hold every SM until it ends, use the bulk
+        ops instead (:mod:`overlap.ops.bulk`), which need no SM while the GEMM runs.
         """
         if getattr(input, "dim", lambda: 0)() == 0:
             raise InvalidArgumentError("all_gather input must be a tensor of at least 1 dim")
@@ -212,7 +217,8 @@ class SymmetricBuffer:
                 rank's region. Parts must not overlap. Typical use: a quantized shard's data
                 and its scale_inv, which must travel together (DESIGN.md invariant 1).
 
-        Read the result with :meth:`view`; it is valid until the next op on this buffer.
+        Read the result with :meth:`view`; it is valid until the next op on this buffer. The
+        same op as :meth:`all_gather` (two handshake kernels on cuda).
         """
         if not parts:
             raise InvalidArgumentError("all_gather_into needs at least one (tensor, offset) part")

@@ -20,10 +20,11 @@
 //   writes off the critical path does (NOTE [deferred acknowledgements] in op_protocol.h,
 //   NOTE [one marker per op] in watchdog.h). A one-warp kernel polling the flag instead of
 //   cuStreamWaitValue64 cut a two-GPU ping-pong from 14.8 to 8.1 us (2026-11-22), but it
-//   needs an SM, which the chunk GEMMs hold (NOTE in ag_gemm.cpp on an SM copy there), and
-//   the all-gather is to use none. So waits stay memory operations, except in handshakes
-//   (NOTE [handshakes] in transport.h): all of an op's signals and waits at one point where
-//   the SMs are idle, in one one-block kernel.
+//   needs an SM, which the chunk GEMMs hold (NOTE in ag_gemm.cpp on an SM copy there). So
+//   waits stay memory operations, except in handshakes (NOTE [handshakes] in transport.h):
+//   all of an op's signals and waits at one point where the SMs are idle, in one one-block
+//   kernel (the stand-alone all-gather meets in two: NOTE [gather handshakes] in
+//   collectives.cpp; the bulk ops, which run beside a GEMM, in none).
 // - No multicast objects, no multimem instructions, ever (DESIGN.md invariant 6).
 //
 // Graph capture: ops may be captured into a CUDA graph through a GraphLog, which makes every
