@@ -165,6 +165,15 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 // took 91-95 us when its source had no other reader and 178-181 us when a rank out of step
 // read the same source at the same time, and GEMMs beside a pull took 101-106 us against
 // 88-90 alone.
+// Nor (dev A/B, 2026-11-22, the pipeline variants of the gemm_rs suite) whole chunks with only
+// our own chunk, computed last, in 2 or 4 pieces, each peer's chunk pulled in the same pieces
+// and piece q reduced on the reduce lane beside our later pieces' GEMMs, so that only the last
+// piece's reduction follows the last GEMM: best ms, TP 4, whole / 2 / 4 pieces: te4096 FP8
+// 0.248 / 0.263 / 0.268, proj bf16 0.445 / 0.454 / 0.479, proj FP8 0.402 / 0.412 / 0.404,
+// fc2 FP8 0.728 / 0.741 / 0.742, better only on fc2 bf16 M 16384 (2.870 / 2.795 / 2.766) and
+// proj bf16 M 16384 (0.862 / 0.855 / 0.857); TP 2, whole / 2: proj bf16 0.797 / 0.777, fc2
+// FP8 M 16384 2.866 / 3.016, te8192 bf16 1.558 / 1.614, te4096 FP8 0.234 either way. The
+// reduction beside a GEMM slows it by about what the shorter tail saves.
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream) {
