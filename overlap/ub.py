@@ -298,7 +298,7 @@ class GemmOverlapConfig:
         """``reduce_max_blocks`` with the op's default filled in."""
         if self.reduce_max_blocks is not None:
             return self.reduce_max_blocks
-        return _BULK_RS_MAX_BLOCKS if self.method is OverlapMethod.BULK_RS else 0
+        return _bulk_rs_max_blocks() if self.method is OverlapMethod.BULK_RS else 0
 
     @property
     def pulls(self) -> bool:
@@ -348,14 +348,17 @@ class GemmOverlapConfig:
         return " ".join(parts) or "-"
 
 
-# The defaults of ReduceScatterBesideGemm (overlap.ops.bulk).
-_BULK_RS_MAX_BLOCKS = 64
-
-
+# The defaults of ReduceScatterBesideGemm (overlap.ops.bulk; NOTE [bulk_rs defaults]).
 def _bulk_rs_defaults(tp: int | None) -> tuple[int, int]:
     from overlap.ops.bulk import bulk_rs_defaults
 
     return bulk_rs_defaults(tp)
+
+
+def _bulk_rs_max_blocks() -> int:
+    from overlap.ops.bulk import bulk_rs_max_blocks
+
+    return bulk_rs_max_blocks()
 
 
 def _check_int(field: str, value: object, lo: int, hi: int | None, optional: bool = False) -> None:

@@ -303,6 +303,15 @@ void register_comm_bulk_ops(py::module_& m) {
       },
       py::arg("size"), py::arg("partial_bytes"), "(slot_bytes, bytes) of NOTE [bulk_rs layout].");
   c.def(
+      "bulk_rs_defaults",
+      [](int size) {
+        const comm::BulkConfig d = comm::bulk_rs_defaults(size);
+        return py::make_tuple(d.reduce_max_blocks, d.gemm_sm_margin, d.pieces);
+      },
+      py::arg("size"),
+      "(reduce_max_blocks, gemm_sm_margin, pieces) of a bulk reduce-scatter on `size` ranks "
+      "(<= 0: any size); NOTE [bulk_rs defaults].");
+  c.def(
       "all_gather_beside_gemm",
       [](SymmetricBuffer& buf, py::handle shard, const py::dict& gemm, py::handle shard_scale_inv,
          std::uintptr_t stream) {
@@ -353,8 +362,10 @@ void register_comm_bulk_ops(py::module_& m) {
       },
       py::arg("buffer"), py::arg("input"), py::arg("out"), py::arg("gemm"), py::kw_only(),
       py::arg("out_scale") = py::none(), py::arg("out_scale_inv") = py::none(),
-      py::arg("out_amax") = py::none(), py::arg("reduce_max_blocks") = 64,
-      py::arg("gemm_sm_margin") = 16, py::arg("pieces") = 1, py::arg("stream") = 0,
+      py::arg("out_amax") = py::none(),
+      py::arg("reduce_max_blocks") = comm::BulkConfig{}.reduce_max_blocks,
+      py::arg("gemm_sm_margin") = comm::BulkConfig{}.gemm_sm_margin,
+      py::arg("pieces") = comm::BulkConfig{}.pieces, py::arg("stream") = 0,
       "out = this rank's rows of ReduceScatter(input) while the GEMM described by `gemm` runs; "
       "see csrc/comm/overlap/overlap_ops.h.");
 }

@@ -51,7 +51,13 @@ if TYPE_CHECKING:
 
     from overlap.comm import Communicator, SymmetricBuffer
 
-__all__ = ["AllGatherBesideGemm", "ReduceScatterBesideGemm", "bulk_rs_defaults", "side_gemm"]
+__all__ = [
+    "AllGatherBesideGemm",
+    "ReduceScatterBesideGemm",
+    "bulk_rs_defaults",
+    "bulk_rs_max_blocks",
+    "side_gemm",
+]
 
 _AG = "bulk_all_gather"
 _RS = "bulk_reduce_scatter"
@@ -59,25 +65,18 @@ _RS = "bulk_reduce_scatter"
 
 def bulk_rs_defaults(tp: int | None) -> tuple[int, int]:
     """``(gemm_sm_margin, pieces)`` of a :class:`ReduceScatterBesideGemm` on ``tp`` ranks
-    (``None``: any TP size).
-
-    NOTE [bulk_rs defaults]: 8 SMs, with 4 pieces at TP 2 and 2 pieces at other sizes
-    (NOTE [bulk_rs pieces] in ``bulk.cpp``). Measured with ``python -m benchmarks.overlap_ops
-    --cuda --full --ops bulk_rs`` (the 8 bulk_rs rows each):
-      - 2xH200 (2026-11-22): 8 SMs and 4 pieces beat the former 16 SMs and 1 piece on 15 of 16
-        rows over two runs (by up to 8%: fc1 bf16 M 8192 1.132 -> 1.062 x floor), and again
-        over two more; 2 pieces are as fast (within 3%, either way) at TP 2.
-      - 4xH200 (``--launch 4 --tp 4``, 2026-11-22, two runs), with the pieces sent
-        peer-major and announced from a signal lane: the 8 rows took 16.07 and 16.16 ms in
-        all with 8 SMs and 2 pieces, 16.54 and 16.56 with 16 SMs and 1 piece, 16.27 and 16.30
-        with 8 SMs and 4 pieces. Rows <= 1.10 x floor: 6/8 and 5/8 against 1/8 and 5/8. The
-        GEMM-bound fc1 rows gain up to 6% (fc1 bf16 M 16384 1.112 -> 1.053 x floor); the
-        comm-bound qkv rows, whose times vary by 5-10% from run to run at TP 4, won in one run
-        (qkv FP8 M 8192 1.128 -> 1.055) and lost in the other (1.079 -> 1.147). 4 pieces are
-        slower on the qkv FP8 row at M 8192 (1.33-1.54 x floor: twelve 8 MB pieces).
-    ``tp`` None or 1: the pair of TP > 2.
+    (``None``: any TP size): 8 SMs, with 4 pieces at TP 2 and 2 at other sizes. The values
+    and their measurements live in the C++ core (NOTE [bulk_rs defaults] in
+    ``csrc/comm/overlap/bulk.cpp``), the one source the binding's defaults read too.
     """
-    return (8, 4) if tp == 2 else (8, 2)
+    _, margin, pieces = native().comm_ops.bulk_rs_defaults(0 if tp is None else int(tp))
+    return int(margin), int(pieces)
+
+
+def bulk_rs_max_blocks() -> int:
+    """The default bound on a :class:`ReduceScatterBesideGemm`'s reduction grid at any TP
+    size: 64 blocks of 256 threads, 16 SMs' worth (NOTE [bulk_rs defaults])."""
+    return int(native().comm_ops.bulk_rs_defaults(0)[0])
 
 
 def _gemm_operand(
@@ -333,7 +332,8 @@ class ReduceScatterBesideGemm:
         dtype: the partial sums' dtype (bfloat16/float16/float32); the output is this dtype or
             FP8 (chosen per call).
         reduce_max_blocks: bound on the reduction kernel's grid on cuda (256-thread blocks, 4
-            per SM: 64, the default, fills 16 SMs where free; 0 fills the GPU).
+            per SM: 64 fills 16 SMs where free; 0 fills the GPU; ``None``: 64, NOTE [bulk_rs
+            defaults]).
         gemm_sm_margin: SMs the side GEMM leaves free for the reduction when the call gives no
             ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU; ``None``: 8,
             NOTE [bulk_rs defaults] in :func:`bulk_rs_defaults`).
@@ -364,7 +364,7 @@ class ReduceScatterBesideGemm:
         features: int,
         dtype: torch.dtype,
         *,
-        reduce_max_blocks: int = 64,
+        reduce_max_blocks: int | None = None,
         gemm_sm_margin: int | None = None,
         pieces: int | None = None,
         name: str = "bulk_rs",
@@ -378,6 +378,8 @@ class ReduceScatterBesideGemm:
                 f"{dtype}"
             )
         default_margin, default_pieces = bulk_rs_defaults(tp)
+        if reduce_max_blocks is None:
+            reduce_max_blocks = bulk_rs_max_blocks()
         gemm_sm_margin = default_margin if gemm_sm_margin is None else gemm_sm_margin
         pieces = default_pieces if pieces is None else pieces
         if reduce_max_blocks < 0 or gemm_sm_margin < 0:

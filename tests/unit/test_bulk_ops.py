@@ -24,7 +24,7 @@ from overlap.errors import (  # noqa: E402
 )
 from overlap.gemm import gemm  # noqa: E402
 from overlap.ops import AllGatherBesideGemm, AllGatherGemm, ReduceScatterBesideGemm  # noqa: E402
-from overlap.ops.bulk import bulk_rs_defaults  # noqa: E402
+from overlap.ops.bulk import bulk_rs_defaults, bulk_rs_max_blocks  # noqa: E402
 from overlap.quantization import (  # noqa: E402
     BlockScalingConfig,
     CurrentScalingConfig,
@@ -213,6 +213,11 @@ def test_reduce_scatter_rejections_leave_the_op_usable(comm: Communicator) -> No
         ReduceScatterBesideGemm(comm, 32, 40, torch.bfloat16, gemm_sm_margin=-1)
     assert (rs.gemm_sm_margin, rs.pieces) == bulk_rs_defaults(1) == (8, 2)
     assert bulk_rs_defaults(2) == (8, 4) and bulk_rs_defaults(4) == bulk_rs_defaults(None) == (8, 2)
+    # One source (NOTE [bulk_rs defaults]): the core's BulkConfig, which the binding's keyword
+    # defaults and the Python op both read.
+    assert rs.reduce_max_blocks == bulk_rs_max_blocks() == 64
+    assert native().comm_ops.bulk_rs_defaults(0) == (64, *bulk_rs_defaults(None))
+    assert native().comm_ops.bulk_rs_defaults(2) == (64, *bulk_rs_defaults(2))
     for pieces in (0, 5, True):
         with pytest.raises(InvalidArgumentError, match=r"pieces must be 1\.\.4"):
             ReduceScatterBesideGemm(comm, 32, 40, torch.bfloat16, pieces=pieces)

@@ -293,6 +293,26 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // 0.56-0.57 with the signals off the put lane (NOTE [bulk signal lane]; two runs, any margin).
 // Peer-major brought two pieces to 0.37-0.39 ms (one piece: 0.39-0.40 in the same run). Four
 // pieces stay slower there (0.47-0.54 ms): NOTE [bulk_rs defaults] has the defaults.
+//
+// NOTE [bulk_rs defaults]: 8 SMs, with 4 pieces at TP 2 and 2 pieces at other sizes. Measured
+// with python -m benchmarks.overlap_ops --cuda --full --ops bulk_rs (the 8 bulk_rs rows each):
+//   - 2xH200 (2026-11-22): 8 SMs and 4 pieces beat the former 16 SMs and 1 piece on 15 of 16
+//     rows over two runs (by up to 8%: fc1 bf16 M 8192 1.132 -> 1.062 x floor), and again over
+//     two more; 2 pieces are as fast (within 3%, either way) at TP 2.
+//   - 4xH200 (--launch 4 --tp 4, 2026-11-22, two runs), with the pieces sent peer-major and
+//     announced from a signal lane: the 8 rows took 16.07 and 16.16 ms in all with 8 SMs and 2
+//     pieces, 16.54 and 16.56 with 16 SMs and 1 piece, 16.27 and 16.30 with 8 SMs and 4
+//     pieces. Rows <= 1.10 x floor: 6/8 and 5/8 against 1/8 and 5/8. The GEMM-bound fc1 rows
+//     gain up to 6% (fc1 bf16 M 16384 1.112 -> 1.053 x floor); the comm-bound qkv rows, whose
+//     times vary by 5-10% from run to run at TP 4, won in one run (qkv FP8 M 8192 1.128 ->
+//     1.055) and lost in the other (1.079 -> 1.147). 4 pieces are slower on the qkv FP8 row at
+//     M 8192 (1.33-1.54 x floor: twelve 8 MB pieces).
+BulkConfig bulk_rs_defaults(int size) {
+  BulkConfig c;
+  if (size == 2) c.pieces = 4;
+  return c;
+}
+
 void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
                                 const ScatterOutput& out, const SideGemm& g,
                                 const BulkConfig& config, cudaStream_t stream) {

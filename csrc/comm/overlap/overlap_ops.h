@@ -142,7 +142,8 @@ struct SideGemm {
   gemm::GemmOptions options;
 };
 
-// Tuning of a bulk op; the results do not depend on it.
+// Tuning of a bulk op; the results do not depend on it. The defaults are those of any TP
+// size; bulk_rs_defaults() gives a group size's own (NOTE [bulk_rs defaults] in bulk.cpp).
 struct BulkConfig {
   // reduce_scatter_beside_gemm: bound on the reduction kernel's grid (<= 0: fill the GPU).
   // The kernel's blocks are 256 threads, 4 resident per SM: 64 blocks fill 16 SMs.
@@ -151,13 +152,17 @@ struct BulkConfig {
   // plans for (device SMs - gemm_sm_margin) so that the reduction finds SMs free while the
   // GEMM runs (0: the GEMM plans for the whole GPU). all_gather_beside_gemm uses no SMs for
   // its communication and leaves the GEMM's sm_count alone.
-  int gemm_sm_margin = 16;
+  int gemm_sm_margin = 8;
   // reduce_scatter_beside_gemm: pieces the partial sums travel and are reduced in,
   // 1..kMaxPieces (NOTE [bulk_rs pieces] in bulk.cpp); every op takes kPieceEpochs epochs of
-  // the buffer whatever the pieces. (The Python op defaults to 8 SMs and 4 pieces at TP 2:
-  // NOTE [bulk_rs defaults] in overlap/ops/bulk.py.)
-  int pieces = 1;
+  // the buffer whatever the pieces.
+  int pieces = 2;
 };
+
+// The BulkConfig of a reduce_scatter_beside_gemm on `size` ranks (<= 0: any size, the
+// struct's defaults): the one source of the bulk defaults, which the binding and the Python
+// op (overlap.ops.bulk.bulk_rs_defaults) read.
+BulkConfig bulk_rs_defaults(int size);
 
 // The shard of a bulk all-gather: `bytes` contiguous bytes in the transport's memory, and
 // for a per-tensor FP8 shard its float32[1] scale_inv (nullptr otherwise). The buffer holds
