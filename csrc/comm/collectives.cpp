@@ -167,8 +167,8 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
     }
     arg = mix_arg(mix_arg(arg, a.offset), a.chunk_bytes);
   }
-  // Pushes only write peers' regions: each put lane waits for its peer's acknowledgement.
-  // NOTE [gather handshakes]: both rounds as handshakes, even for pushes.
+  // Pushes only write peers' regions (no peer reads ours); all acknowledgements are awaited
+  // up front in one handshake all the same (NOTE [gather handshakes]).
   const bool pull = buf.pull_gather();
   const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream,
                                        OpAccess{/*pushes_only=*/!pull, /*handshake=*/true});
