@@ -52,19 +52,21 @@ void put_slot(SymmetricBuffer& buf, const std::vector<GatherPart>& parts, int sr
   for (int j = 1; j < lanes; ++j) t.lane_wait(stream, first, first + j);
 }
 
-// The handshake that ends a gather: announce that our shard is in place (pushes: in every
-// peer's region; pulls: in our own slot) to every peer and wait until every peer has
-// announced its own (NOTE [handshakes] in transport.h: one kernel on cuda).
-void data_handshake(SymmetricBuffer& buf, std::uint64_t epoch, cudaStream_t stream) {
+// The handshake after which every rank's data is in place (all_gather: our shard in every
+// peer's region, or in our own slot for the pulls; reduce_scatter: our partials in our
+// region): signal kData to every peer and wait for every peer's (NOTE [handshakes] in
+// transport.h: one kernel on cuda).
+void data_handshake(SymmetricBuffer& buf, std::uint64_t epoch, const char* op,
+                    cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
   Handshake h;
   h.value = epoch;
   for (int i = 1; i < n; ++i) {
-    h.signals.push_back(buf.flag((r + i) % n, r, FlagSlot::kData));
     const int peer = (r + n - i) % n;
+    h.signals.push_back(buf.flag(peer, r, FlagSlot::kData));
     h.waits.push_back(FlagWait{buf.flag(r, peer, FlagSlot::kData), epoch,
-                               WaitContext{"all_gather", r, peer, i, epoch, buf.timeout_s()}});
+                               WaitContext{op, r, peer, i, epoch, buf.timeout_s()}});
   }
   buf.transport().handshake(h, stream, 0);
 }
@@ -85,7 +87,7 @@ void gather_by_pushes(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
     put_slot(buf, parts, r, r, (r + i) % n, first_lane(buf, i), /*from_input=*/true, stream);
   }
   t.join(stream);
-  data_handshake(buf, epoch, stream);
+  data_handshake(buf, epoch, "all_gather", stream);
 }
 
 // Pull: we copy our shard into our own slot, announce it to every peer and wait for theirs
@@ -100,7 +102,7 @@ void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
   for (const GatherPart& a : parts) {
     t.put(buf.data(r) + a.offset + r * a.chunk_bytes, a.input, a.chunk_bytes, stream, 0);
   }
-  data_handshake(buf, epoch, stream);
+  data_handshake(buf, epoch, "all_gather", stream);
   t.fork(stream, gather_lanes(buf));
   for (int i = 1; i < n; ++i) {
     const int peer = (r + n - i) % n;
@@ -217,16 +219,7 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
   Transport& t = buf.transport();
   if (!in_place) {
     t.put(buf.data(r), input, chunk_bytes * n, stream, 0);
-    Handshake h;
-    h.value = epoch;
-    for (int i = 1; i < n; ++i) {
-      const int peer = (r + n - i) % n;
-      h.signals.push_back(buf.flag(peer, r, FlagSlot::kData));
-      h.waits.push_back(
-          FlagWait{buf.flag(r, peer, FlagSlot::kData), epoch,
-                   WaitContext{"reduce_scatter", r, peer, i, epoch, buf.timeout_s()}});
-    }
-    t.handshake(h, stream, 0);
+    data_handshake(buf, epoch, "reduce_scatter", stream);
   }
   // Summed in rank order on every rank, so results do not depend on which rank computed them.
   std::vector<const void*> partials(n);

@@ -8,6 +8,7 @@ tests/distributed/test_bulk.py.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -216,8 +217,13 @@ def test_reduce_scatter_rejections_leave_the_op_usable(comm: Communicator) -> No
     # One source (NOTE [bulk_rs defaults]): the core's BulkConfig, which the binding's keyword
     # defaults and the Python op both read.
     assert rs.reduce_max_blocks == bulk_rs_max_blocks() == 64
-    assert native().comm_ops.bulk_rs_defaults(0) == (64, *bulk_rs_defaults(None))
-    assert native().comm_ops.bulk_rs_defaults(2) == (64, *bulk_rs_defaults(2))
+    assert native().comm_ops.bulk_rs_defaults(0) == (64, 8, 2)
+    assert native().comm_ops.bulk_rs_defaults(2) == (64, 8, 4)
+    signature = native().comm_ops.reduce_scatter_beside_gemm.__doc__.splitlines()[0]
+    for arg, value in zip(
+        ("reduce_max_blocks", "gemm_sm_margin", "pieces"), (64, 8, 2), strict=True
+    ):
+        assert re.search(rf"\b{arg}: [^=,]+ = {value}\b", signature), (arg, signature)
     for pieces in (0, 5, True):
         with pytest.raises(InvalidArgumentError, match=r"pieces must be 1\.\.4"):
             ReduceScatterBesideGemm(comm, 32, 40, torch.bfloat16, pieces=pieces)
