@@ -1,7 +1,8 @@
 """overlap's cuBLASLt GEMM against torch on one GPU, over the DESIGN.md §6 shape suite:
 the heuristic's first algorithm vs the autotuned one vs torch, side by side.
 
-For every op of the suite (AG+GEMM fc1/qkv, GEMM+RS fc2/proj), TP size and M, two problems:
+For every op of the suite (AG+GEMM fc1/qkv, GEMM+RS fc2/proj; and at M = 8192 TransformerEngine's
+te8192/te4096, K = N = hidden), TP size and M, two problems:
 the whole GEMM (M rows) and one ring chunk (M / tp rows), each timed as
 
 - BF16: ``overlap.gemm`` vs ``torch.mm`` (``x @ w.T``);
@@ -25,7 +26,7 @@ calls, taken in turn): what bounds the time per call of a GEMM shorter than that
 issues GEMMs one by one. Prints one table per dtype
 and writes JSON to ``--json``. ``--full`` adds M = 16384.
 
-    python -m benchmarks.gemm [--full] [--json PATH] [--candidates N] [--rounds R]
+    python -m benchmarks.gemm [--full] [--json PATH] [--candidates N] [--rounds R] [--shapes S]
 """
 
 from __future__ import annotations
@@ -59,14 +60,24 @@ TARGET_PCT = 98.0  # issue 4: ours >= 98% of torch's throughput on every row
 HIDDEN, FFN, QKV = 8192, 28672, 10240  # Llama-3-70B-like: GQA 64 q + 2 * 8 kv heads of 128
 
 
-def suite(tp: int) -> list[tuple[str, int, int]]:
-    """(op, n, k) of the suite at one TP size: y [m, n] = x [m, k] @ w [n, k]^T."""
-    return [
+TE_HIDDEN, TE_TOKENS = (8192, 4096), 8192  # TransformerEngine's shapes (DESIGN.md §6)
+
+
+def suite(tp: int, m_total: int) -> list[tuple[str, int, int]]:
+    """(op, n, k) of the suite at one TP size and M: y [m, n] = x [m, k] @ w [n, k]^T.
+
+    The Llama shapes at every M, and TE's (``te<hidden>``: the local GEMM of both of its ops
+    has K = N = hidden) at M = 8192 only, as in benchmarks.overlap_ops.
+    """
+    shapes = [
         ("fc1", 2 * FFN // tp, HIDDEN),
         ("qkv", QKV // tp, HIDDEN),
         ("fc2", HIDDEN, FFN // tp),
         ("proj", HIDDEN, HIDDEN // tp),
     ]
+    if m_total == TE_TOKENS:
+        shapes += [(f"te{h}", h, h) for h in TE_HIDDEN]
+    return shapes
 
 
 def time_ms(*fns: Callable[[], object], samples: int = 20, inner: int = 5) -> list[float]:
@@ -288,7 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         "--candidates", type=int, default=None, help="candidates timed per key (default: config)"
     )
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per candidate")
+    parser.add_argument(
+        "--shapes", default=None, help="only these shapes, e.g. te8192,fc1 (default: all)"
+    )
     args = parser.parse_args(argv)
+    only = set(args.shapes.split(",")) if args.shapes else None
+    known = {op for m in (8192, 16384) for op, _, _ in suite(2, m)}
+    if only is not None and only - known:
+        parser.error(f"unknown shapes {sorted(only - known)}; shapes: {sorted(known)}")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     base = get_autotune_config()
@@ -303,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for m_total in [8192, 16384] if args.full else [8192]:
         for tp in args.tp:
-            for op, n, k in suite(tp):
+            for op, n, k in suite(tp, m_total):
+                if only is not None and op not in only:
+                    continue
                 for variant, m in (("full", m_total), ("chunk", m_total // tp)):
                     row: dict[str, Any] = {"op": op, "tp": tp, "M": m_total, "variant": variant}
                     row.update({"m": m, "n": n, "k": k})

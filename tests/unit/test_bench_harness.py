@@ -297,6 +297,21 @@ def test_gemm_host_time_takes_turns_and_keeps_the_median(monkeypatch) -> None:
     assert events.count("spin") == 6 and events[2] == "sync"
 
 
+def test_gemm_suite_has_te_shapes_at_te_tokens_and_rejects_unknown_shapes(capsys) -> None:
+    """benchmarks.gemm: TE's shapes (K = N = hidden) join the Llama ones at M = 8192 only, and
+    --shapes names an unknown shape before anything needs a GPU."""
+    from benchmarks import gemm as gemm_bench
+
+    at_te = {op: (n, k) for op, n, k in gemm_bench.suite(4, 8192)}
+    assert at_te["te8192"] == (8192, 8192) and at_te["te4096"] == (4096, 4096)
+    assert at_te["fc2"] == (8192, 28672 // 4)
+    assert {op for op, _, _ in gemm_bench.suite(4, 16384)} == {"fc1", "qkv", "fc2", "proj"}
+    with pytest.raises(SystemExit):
+        gemm_bench.main(["--shapes", "te8192,fc3"])
+    err = capsys.readouterr().err
+    assert "unknown shapes ['fc3']" in err and "te4096" in err
+
+
 def test_registry_names_selection_and_a_new_method() -> None:
     names = {v.full_name for v in methods.registered()}
     assert "ag_gemm:pipeline/lanes2-split1-staggered" in names
