@@ -125,6 +125,14 @@ def test_te_reference_only_on_matching_gpu_rows() -> None:
     # a Llama row with K == N (none in the suite) does not borrow TE's time
     fake = {"op": "ag_gemm", "shape": "fc1", "M": 8192, "K": 8192, "N": 8192, "tp": 4}
     assert bench.te_reference({**fake, "dtype": "bf16"}, cuda=True) is None
+    # TE's own floor: on exactly the same rows, max of its T_gemm and T_comm (DESIGN.md §6)
+    assert set(bench.TE_FLOOR_4XH200) == set(bench.TE_BEST_4XH200)
+    floors = {_key(r): bench.te_floor_reference(r, cuda=True) for r in rows}
+    assert {k for k, v in floors.items() if v is not None} == {_key(r) for r in with_ref}
+    te_fp8 = {"op": "gemm_rs", "shape": "te4096", "M": 8192, "K": 4096, "N": 4096, "tp": 4}
+    assert bench.te_floor_reference({**te_fp8, "dtype": "fp8"}, cuda=True) == 0.19
+    assert bench.te_floor_reference({**te_fp8, "dtype": "fp8", "tp": 2}, cuda=True) is None
+    assert bench.te_floor_reference({**fake, "dtype": "bf16"}, cuda=True) is None
 
 
 def _random_row(rng: random.Random, **over: object) -> dict:
@@ -137,6 +145,7 @@ def _random_row(rng: random.Random, **over: object) -> dict:
         "T_ours_by_variant": {f"v{i}": rng.uniform(0.9, 1.5) * gemm_t for i in range(3)},
         "T_torch": rng.uniform(0.5, 4.0),
         "T_te_ref": rng.uniform(0.5, 4.0),
+        "te_ref_floor": rng.uniform(0.3, 3.0),
     }
     row.update(over)
     return row
@@ -154,16 +163,23 @@ def test_metrics_follow_the_design_formulas() -> None:
     assert r["efficiency"] == pytest.approx(eff)
     assert r["vs_torch"] == pytest.approx(best / r["T_torch"])
     assert r["vs_te"] == pytest.approx(best / r["T_te_ref"])
+    assert r["te_ref_over_floor"] == pytest.approx(r["T_te_ref"] / r["te_ref_floor"])
     # absent peers and variants give None, not a crash or a made-up number
-    r = bench.add_metrics(_random_row(rng, T_torch=None, T_te_ref=None, T_ours_by_variant={}))
+    r = bench.add_metrics(
+        _random_row(rng, T_torch=None, T_te_ref=None, te_ref_floor=None, T_ours_by_variant={})
+    )
     assert r["T_ours"] is None and r["best_variant"] is None
     assert r["ours_over_floor"] is r["vs_torch"] is r["vs_te"] is r["efficiency"] is None
+    assert r["te_ref_over_floor"] is None
 
 
 def test_summary_counts_targets_and_peers() -> None:
     rng = random.Random()
     rows = [bench.add_metrics(_random_row(rng)) for _ in range(9)]
     rows.append(bench.add_metrics(_random_row(rng, T_torch=None, T_te_ref=None)))
+    no_floor = bench.add_metrics(_random_row(rng, te_ref_floor=None))  # TE's time, no floor
+    s_more = bench.summarize([*rows, no_floor])
+    assert s_more["rows_with_te_ref"] == 10 and s_more["rows_with_te_ref_ratio"] == 9
     s = bench.summarize(rows)
     ratios = [r["ours_over_floor"] for r in rows]
     assert s["rows"] == s["rows_timed"] == 10
@@ -173,7 +189,10 @@ def test_summary_counts_targets_and_peers() -> None:
     assert s["rows_with_torch"] == s["rows_with_te_ref"] == 9
     assert s["rows_faster_than_torch"] == sum(r["T_ours"] < r["T_torch"] for r in rows[:9])
     assert s["rows_faster_than_te_ref"] == sum(r["T_ours"] < r["T_te_ref"] for r in rows[:9])
+    nearer = sum(r["ours_over_floor"] < r["te_ref_over_floor"] for r in rows[:9])
+    assert s["rows_with_te_ref_ratio"] == 9 and s["rows_nearer_floor_than_te_ref"] == nearer
     line = bench.summary_line(s)
+    assert f"nearer our floor than TE to its own: {nearer}/9" in line
     assert f"{s['rows_within_target']}/10" in line
     assert f"{s['rows_faster_than_torch']}/9" in line and "TE" in line
     bulk = bench.summary_line(s, bulk=True)  # its torch column is NCCL on a side stream
