@@ -174,6 +174,13 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 // proj bf16 M 16384 (0.862 / 0.855 / 0.857); TP 2, whole / 2: proj bf16 0.797 / 0.777, fc2
 // FP8 M 16384 2.866 / 3.016, te8192 bf16 1.558 / 1.614, te4096 FP8 0.234 either way. The
 // reduction beside a GEMM slows it by about what the shorter tail saves.
+// Nor (dev A/B, 2026-11-22, pipeline/lanes1-split1 and -split2 of the TP 4 gemm_rs rows) the
+// pull lanes' flag waits as one-warp polling kernels (a two-GPU ping-pong: 8 us against the
+// stream memory operations' 15, NOTE [cuda transport design]), alone, with the signals after
+// the chunk GEMMs as kernels too, and with the chunk GEMMs given one SM fewer (sm_count) to
+// leave the polls an SM: slower on every row in every form, e.g. te4096 FP8 0.247 -> 0.324 /
+// 0.341 / 0.351 ms, proj bf16 0.447 -> 0.558 / 0.580 / 0.555, te8192 bf16 1.572 -> 1.93 /
+// 1.88 / 1.75 (split1; a repeat of the baseline and of the last form: 0.248 and 0.344 ms).
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream) {
