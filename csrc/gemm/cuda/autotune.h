@@ -45,18 +45,18 @@
 //     candidates are within noise of each other; turn tuning off (OVERLAP_GEMM_AUTOTUNE=0)
 //     for bit-identical reruns.
 //   - Steady state, tried and not kept (dev A/B, 2026-11-22, one H200): an H200 that runs one
-//     GEMM back to back for 5-300 ms is power-limited, 10-20% slower than in the bursts timed
-//     here (te8192 chunk 2048 x 8192 x 8192 bf16: 0.34 ms in a burst, 0.41 in a 300 ms
-//     window). Each of the top 8 candidates was timed in such windows (three interleaved
-//     windows each, 5, 20, 60 and 300 ms) on 10 keys of the suite, to see whether
-//     power-efficient algorithms should be preferred. Within one run the steady-state best
-//     beat our pick by up to 4-6% on some keys, but which candidate was best changed from one
-//     window length (and run) to the next, e.g. qkv chunk bf16 (2048 x 2560 x 8192): candidate
-//     0 by 4% at 300 ms, candidate 1 by 1.5% at 20 ms and by 5% at 5 ms; te8192 whole: 2, 6,
-//     1, 7. Short interleaved bursts rank the candidates no worse than long windows, at
-//     a fraction of the tuning time. (benchmarks/gemm.py measures the burst regime against
-//     torch, TE's shapes included: there ours ran at 99-106% of torch.mm's and
-//     torch._scaled_mm's speed.)
+//     large GEMM back to back for 5-300 ms is power-limited, up to 20% slower than in the
+//     bursts timed here (te8192 chunk 2048 x 8192 x 8192 bf16: 0.34 ms in a burst, 0.41 in a
+//     300 ms window). To see whether power-efficient algorithms should be preferred, each of
+//     the top 8 candidates of 10 keys of the suite was timed in such windows (three
+//     interleaved windows per candidate; one run each with 5, 20, 60 and 300 ms windows).
+//     Within a run the steady-state best beat our pick by up to 4-6% on some keys, but the
+//     best candidate changed from one run to the next: qkv chunk bf16 (2048 x 2560 x 8192):
+//     candidate 0 by 4% at 300 ms, candidate 1 by 1.5% at 20 ms and by 5% at 5 ms; te8192
+//     whole: candidates 2, 6, 1 and 7. No window length gave a ranking that held, so long
+//     windows would buy nothing reproducible for their tuning time. (benchmarks/gemm.py
+//     measures the burst regime against torch, TE's shapes included: there ours ran at
+//     99-106% of torch.mm's and torch._scaled_mm's speed.)
 #pragma once
 
 #include <cuda_runtime_api.h>
