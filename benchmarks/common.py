@@ -7,6 +7,7 @@ Times are medians of >= 20 timed iterations after warm-up, measured with CUDA ev
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 import time
@@ -61,6 +62,8 @@ def time_op(
     queued: bool = False,
     align: Callable[[], object] | None = None,
     host_ms: list[float] | None = None,
+    heat_ms: float = 0.0,
+    agree: Callable[[int], int] | None = None,
 ) -> float:
     """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs.
 
@@ -78,6 +81,23 @@ def time_op(
     median of the samples leaves it out. ``host_ms`` (when given) receives the host's time to
     enqueue one call (ms, the median of the warm-up calls after the first): where it exceeds
     the GPU time, a caller that does not capture the calls into a CUDA graph is host-bound.
+
+    NOTE [sustained timing]: with ``queued`` and ``heat_ms > 0``, calls of ``fn`` itself run
+    back to back for about ``heat_ms`` ms between the spin and the timed calls, so that the
+    timed calls see the clocks the GPU holds under sustained load, as in a training step: an
+    H200 running GEMMs back to back is power-limited within milliseconds, its GEMMs up to 20%
+    slower than from idle (NOTE [gemm autotune] in csrc/gemm/cuda/autotune.h), while its
+    copy-engine transfers keep their speed. That changes what overlap costs (dev probe,
+    2026-11-22, two H200s, 32 MB copies to or from the peer back to back beside torch's
+    GEMMs): from idle the GEMMs ran 3.6-4.8% slower beside the copies (te8192 chunk bf16
+    0.342 -> 0.354 / 0.357 ms), power-limited within 0.3% (0.408 either way). The number of
+    heating calls comes from the GPU time of three
+    calls queued behind a spin; ``agree`` (e.g. the maximum over ranks) makes every rank issue
+    the same number, as collective calls must. The spin lasts until the host has enqueued the
+    heating and the timed calls alike, so that they run back to back even where the host is
+    slower to enqueue a call than the GPU to run it (NOTE [host-bound rows] in
+    benchmarks/overlap_ops.py; with a spin sized for the timed calls only, the host-bound rows
+    of torch's FP8 ops measured 2x slower, the queue having drained during the heating).
     """
     host = [0.0]
     for _ in range(warmup):
@@ -91,11 +111,25 @@ def time_op(
     if cuda and queued:
         import torch
 
+        heat = 0
+        if heat_ms > 0:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            spin_gpu(1.5 * host_s * 1e3 * 3 + 1.0)
+            start.record()
+            for _ in range(3):
+                fn()
+            end.record()
+            end.synchronize()
+            heat = math.ceil(heat_ms / max(start.elapsed_time(end) / 3, 1e-3))
+            heat = agree(heat) if agree is not None else heat
         torch.cuda.synchronize()
         events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
         if align is not None:
             align()
-        spin_gpu(1.5 * host_s * 1e3 * iters + 1.0)
+        spin_gpu(1.5 * host_s * 1e3 * (heat + iters) + 1.0)  # the host enqueues all of them
+        for _ in range(heat):  # NOTE [sustained timing]
+            fn()
         events[0].record()
         for i in range(iters):
             fn()
@@ -138,7 +172,13 @@ def device_barrier(group: Any = None) -> Callable[[], None]:
 
 
 def timing_protocol(
-    *, cuda: bool, queued: bool, warmup: int, iters: int, aligned: bool = False
+    *,
+    cuda: bool,
+    queued: bool,
+    warmup: int,
+    iters: int,
+    aligned: bool = False,
+    heat_ms: float = 0.0,
 ) -> dict[str, Any]:
     """What :func:`time_op` measured, for a benchmark's JSON (its ``timing`` entry)."""
     if not cuda:
@@ -156,6 +196,13 @@ def timing_protocol(
                 "one element), so every rank starts at about the same time"
             )
         mode = "gpu"
+        if heat_ms > 0:
+            clock += (
+                f"; after the spin, the call itself back to back for about {heat_ms:g} ms "
+                "before the timed calls, so that they see the clocks of a GPU under sustained "
+                "load (power-limited; NOTE [sustained timing] in benchmarks/common.py)"
+            )
+            mode = "sustained"
     else:
         clock = (
             "CUDA events around each call on an idle GPU: includes the host's work to enqueue "

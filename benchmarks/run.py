@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the whole suite (slower)")
     parser.add_argument(
         "--timing",
-        choices=("e2e", "gpu"),
+        choices=("e2e", "gpu", "sustained"),
         default="gpu",
         help="overlap ops timing (benchmarks.overlap_ops --help)",
     )

@@ -262,6 +262,104 @@ def test_timing_protocol_documents_each_mode() -> None:
     assert "barrier" not in doc["clock"]
     aligned = timing_protocol(cuda=True, queued=True, warmup=5, iters=20, aligned=True)
     assert aligned["mode"] == "gpu" and "device-side barrier" in aligned["clock"]
+    hot = timing_protocol(cuda=True, queued=True, warmup=5, iters=20, aligned=True, heat_ms=50)
+    assert hot["mode"] == "sustained" and "50 ms" in hot["clock"] and "barrier" in hot["clock"]
+
+
+def test_sustained_timing_heats_with_the_agreed_number_of_calls(monkeypatch) -> None:
+    """time_op(queued=True, heat_ms=H): three calls estimate the GPU time per call, ``agree``
+    settles the count of heating calls (ceil(H / estimate), e.g. the max over ranks), those
+    run after the spin and before the timed calls, and only the timed calls are sampled."""
+    import torch
+
+    from benchmarks import common
+
+    log: list[str] = []
+    gpu_ms = {"t": 0.0}
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.t = 0.0
+
+        def record(self) -> None:
+            self.t = gpu_ms["t"]
+            log.append("event")
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, other: Event) -> float:
+            return other.t - self.t
+
+    def call() -> None:
+        gpu_ms["t"] += 0.5 if "timed" in log else 0.25  # 0.25 ms while estimating and heating
+        log.append("call")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    spins: list[float] = []
+    monkeypatch.setattr(common, "spin_gpu", lambda ms: (spins.append(ms), log.append("spin")))
+    monkeypatch.setattr(common.time, "perf_counter", lambda: 0.0)  # enqueueing takes 0 s
+    agreed: list[int] = []
+
+    def agree(n: int) -> int:
+        agreed.append(n)
+        log.append("timed")  # every call after the agreement is a heating or a timed call
+        return n + 2  # another rank wanted two more
+
+    ms = common.time_op(
+        call,
+        cuda=True,
+        warmup=2,
+        iters=4,
+        queued=True,
+        heat_ms=10.0,
+        agree=agree,
+        align=lambda: log.append("align"),
+    )
+    assert agreed == [40]  # ceil(10 / 0.25): the estimate from 3 calls of 0.25 ms
+    after = log[log.index("align") :]
+    assert after[:2] == ["align", "spin"]
+    assert after.count("call") == agreed[0] + 2 + 4  # the agreed heating, then the timed calls
+    first_timed = after.index("event")
+    assert after[2:first_timed] == ["call"] * (agreed[0] + 2)
+    assert ms == pytest.approx(0.5)
+    assert log.count("spin") == 2  # the estimate's and the timed calls'
+    assert spins == [1.0, 1.0]  # 1.5 x host time (0 here) x calls, + 1 ms
+
+
+def test_sustained_timing_spin_covers_the_heating_calls_too(monkeypatch) -> None:
+    """The spin ahead of the heating outlasts the host's enqueueing of the heating and the
+    timed calls (host-bound calls would otherwise drain the queue while heating)."""
+    import torch
+
+    from benchmarks import common
+
+    now = [0.0]
+    spins: list[float] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            pass
+
+        def record(self) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, other: Event) -> float:
+            return 1.0  # 1 ms: 3 estimate calls of 1/3 ms -> 30 heating calls for 10 ms
+
+    def call() -> None:
+        now[0] += 0.002  # the host takes 2 ms to enqueue a call
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(common, "spin_gpu", spins.append)
+    monkeypatch.setattr(common.time, "perf_counter", lambda: now[0])
+    common.time_op(call, cuda=True, warmup=3, iters=4, queued=True, heat_ms=10.0)
+    assert spins[-1] == pytest.approx(1.5 * 2.0 * (30 + 4) + 1.0)
 
 
 def test_timing_passes_alternate_the_order_and_keep_the_median() -> None:
@@ -492,3 +590,14 @@ def test_plot_writes_a_png_or_says_why_not(tmp_path, monkeypatch, capsys) -> Non
     assert plot_times(rows, ("shape",), [("T_ours", "ours")], missing, "t") is None
     assert not missing.exists()
     assert "matplotlib is not installed" in capsys.readouterr().out
+
+
+def test_sustained_timing_needs_gpus_and_a_positive_heat(capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", "x", "--timing", "sustained"])
+    assert "--timing sustained heats GPUs: it needs --cuda" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", "x", "--cuda", "--timing", "sustained", "--heat-ms", "0"])
+    assert "--heat-ms must be in (0, 10000], got 0.0" in capsys.readouterr().err
+    args = bench.parse_args(["--out", "x", "--cuda", "--timing", "sustained"])
+    assert args.timing == "sustained" and args.heat_ms == 50.0
