@@ -18,6 +18,9 @@ from typing import Any
 # GPU clock cycles per millisecond of the spin queued by time_op(queued=True) (H100/H200 SM
 # clocks are about 2 GHz; at lower clocks the spin only lasts longer).
 _SPIN_CYCLES_PER_MS = 2_000_000
+# At most this many heating calls per timed call (NOTE [sustained timing]): bounds the host's
+# enqueueing (and the spin ahead of it) for calls of a few microseconds.
+_MAX_HEAT_CALLS = 10_000
 
 
 def spin_gpu(ms: float) -> None:
@@ -126,7 +129,8 @@ def time_op(
                 fn()
             end.record()
             end.synchronize()
-            heat = math.ceil(heat_ms / max(start.elapsed_time(end) / 3, 1e-3))
+            per_call = max(start.elapsed_time(end) / 3, 1e-3)
+            heat = min(math.ceil(heat_ms / per_call), _MAX_HEAT_CALLS)
             heat = agree(heat) if agree is not None else heat
         torch.cuda.synchronize()
         events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]

@@ -360,6 +360,10 @@ def test_sustained_timing_spin_covers_the_heating_calls_too(monkeypatch) -> None
     monkeypatch.setattr(common.time, "perf_counter", lambda: now[0])
     common.time_op(call, cuda=True, warmup=3, iters=4, queued=True, heat_ms=10.0)
     assert spins[-1] == pytest.approx(1.5 * 2.0 * (30 + 4) + 1.0)
+    # a call of (nearly) no GPU time heats with the bounded number of calls, not millions
+    monkeypatch.setattr(Event, "elapsed_time", lambda self, other: 0.0)
+    common.time_op(call, cuda=True, warmup=3, iters=4, queued=True, heat_ms=100.0)
+    assert spins[-1] == pytest.approx(1.5 * 2.0 * (common._MAX_HEAT_CALLS + 4) + 1.0)
 
 
 def test_timing_passes_alternate_the_order_and_keep_the_median() -> None:
