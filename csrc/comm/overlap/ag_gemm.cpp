@@ -155,14 +155,14 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // cuda_memory.h): 64 MiB of shard slots + 64 B of FP8 scale slots; torch's schedule rebuilt
 // in Python on a region of that size was as slow as our op (0.307-0.310), on a 64 MiB one as
 // fast as torch (0.278-0.281), and with regions rounded to 2 MiB our pulls take 48-49 us and
-// pull/lanes1 0.284 ms (2026-11-22). The measurements above predate that fix. Ruled out in
-// the op itself (the whole TP 4 suite or its qkv and te4096 AG rows, 2026-11-22): every lane
-// created at the lowest stream priority instead of the highest (qkv FP8 0.301 ms either way, no row
-// beyond noise), and CUDA_DEVICE_MAX_CONNECTIONS=32 instead of 8, against streams sharing hardware
-// queues (0.303 -> 0.301; median row 1.078 -> 1.070 x floor). Pieces help the pulls on the qkv FP8
-// rows only (the last chunk's GEMM after the last pull is then half as long): M 8192 0.303-0.306
-// -> 0.292-0.297 ms, M 16384 0.575-0.578 -> 0.550-0.557 (torch 0.276 and 0.532); other rows
-// are slower with them (te4096 FP8 0.228 -> 0.235-0.243).
+// pull/lanes1 0.284 ms (2026-11-22). The measurements above predate that fix. Ruled out in the op
+// itself (the whole TP 4 suite or its qkv and te4096 AG rows, 2026-11-22): every lane created at
+// the lowest stream priority instead of the highest (qkv FP8 0.301 ms either way, no row beyond
+// noise), and CUDA_DEVICE_MAX_CONNECTIONS=32 instead of 8, against streams sharing hardware queues
+// (0.303 -> 0.301; median row 1.078 -> 1.070 x floor). Pieces help the pulls on the qkv FP8 rows
+// only (the last chunk's GEMM after the last pull is then half as long): M 8192 0.303-0.306 ->
+// 0.292-0.297 ms, M 16384 0.575-0.578 -> 0.550-0.557 (torch 0.276 and 0.532); other rows are slower
+// with them (te4096 FP8 0.228 -> 0.235-0.243).
 void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                     const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
                     const Pieces& pc, const OverlapConfig& config, std::uint64_t arg,
@@ -371,10 +371,11 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
       begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
   detail::take_piece_epochs(buf, stream);  // NOTE [ag_gemm pieces]
   // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial
-  // puts] in symmetric_buffer.h); otherwise a set of lanes per peer. Then one lane for our own
-  // slot's copy. The put lanes announce each piece themselves: an announcement lane (as the
-  // all-gather once had, NOTE [gather handshakes] in collectives.cpp) made this op slower on 4xH200
-  // (qkv fp8 TP4: 0.31 -> 0.35 ms), its event edges waiting behind the chunk GEMMs. A signal
+  // puts] in symmetric_buffer.h); otherwise a set of lanes per peer. Then, with keep_gathered,
+  // one lane for our own slot's copy. The put lanes announce each piece themselves: an
+  // announcement lane (as the all-gather once had, NOTE [gather handshakes] in collectives.cpp)
+  // made this op slower on 4xH200 (qkv fp8 TP4: 0.31 -> 0.35 ms), its event edges waiting
+  // behind the chunk GEMMs. A signal
   // lane of its own (as in the bulk ops, NOTE [bulk signal lane] in bulk.cpp; 2026-11-22,
   // every pipeline variant of the qkv and te4096 AG rows, new / old): TP 4 median 1.010 (0.89
   // to 1.47; best qkv bf16 M 8192 0.488 -> 0.519 ms), TP 2 median 0.997 (0.94 to 1.05): not
