@@ -46,6 +46,7 @@ from overlap.ops import (
     ReduceScatterBesideGemm,
 )
 from overlap.quantization import QuantizedTensor
+from overlap.ub import GemmOverlapConfig, OverlapMethod, UbConfig
 
 __all__ = [
     "BULK_OPS",
@@ -58,6 +59,8 @@ __all__ = [
     "register",
     "registered",
     "select",
+    "ub_default_variant",
+    "ub_gemm_name",
 ]
 
 OPS = ("ag_gemm", "gemm_rs", "bulk_ag", "bulk_rs")
@@ -419,3 +422,86 @@ register(
     grid(serial=(True, False), margin=(0, 4, 8, 16), pieces=(1, 2, 4)),
     when=_bulk_rs_setting,
 )
+
+
+# --- what initialize_ub runs by default ------------------------------------------------------
+#
+# NOTE [default variant]: T_ours is the best of every registered variant of a row, which is
+# what an expert who tunes the methods per GEMM gets; a user of initialize_ub() gets the
+# default method of each GEMM name (overlap.ub.default_method and GemmOverlapConfig's
+# defaults, filled in for the TP size). ub_default_variant() names the registered variant that
+# runs exactly that configuration, so that the benchmark reports it beside the best one
+# (T_default, default/floor). It is derived from UbConfig, never written down twice: a change
+# of a default moves the column with it, and a default that no registered variant runs gives
+# None (a unit test keeps every op's default registered).
+
+_UB_PASS = {"ag_gemm": "fprop", "gemm_rs": "fprop", "bulk_ag": "dgrad", "bulk_rs": "wgrad"}
+_UB_LAYERS = ("qkv", "proj", "fc1", "fc2")
+
+
+def ub_gemm_name(op: str, shape: str) -> str:
+    """The standard GEMM name (``overlap.ub.GEMM_NAMES``) whose overlap a row of ``op`` on
+    ``shape`` stands for: the AG+GEMM and GEMM+RS rows are the fprop of their layer, bulk_ag
+    rows the dgrad and bulk_rs rows the wgrad (NOTE [ub bulk]); TE's shapes (``te8192``,
+    ``te4096``) stand for qkv (AG+GEMM, bulk) or proj (GEMM+RS).
+
+    Raises:
+        ValueError: unknown op.
+    """
+    if op not in _UB_PASS:
+        raise ValueError(f"unknown op {op!r}; ops: {OPS}")
+    layer = shape if shape in _UB_LAYERS else ("proj" if op == "gemm_rs" else "qkv")
+    return f"{layer}_{_UB_PASS[op]}"
+
+
+_OP_METHODS = {
+    "ag_gemm": (OverlapMethod.RING_AG,),
+    "gemm_rs": (OverlapMethod.PIPELINE_RS, OverlapMethod.RING_RS),
+    "bulk_ag": (OverlapMethod.BULK_AG,),
+    "bulk_rs": (OverlapMethod.BULK_RS,),
+}
+
+
+def _default_kwargs(op: str, cfg: GemmOverlapConfig) -> tuple[str, dict[str, Any]] | None:
+    """(method, kwargs) of the variant of ``op`` that runs ``cfg`` (a :class:`UbConfig` entry,
+    defaults filled in), in the order the registrations above give their kwargs; None when
+    ``cfg`` is another op's method, or a setting the builders leave at the op's default."""
+    m = cfg.method
+    pieces = {"pieces": cfg.piece_count} if cfg.piece_count > 1 else {}
+    # what the builders leave at the op's default must be that default
+    builders_express = {
+        OverlapMethod.RING_AG: True,
+        OverlapMethod.PIPELINE_RS: cfg.max_blocks == 0,
+        OverlapMethod.RING_RS: cfg.max_blocks == 0,
+        OverlapMethod.BULK_AG: cfg.put_split == 1,  # serial: the buffers' default
+        OverlapMethod.BULK_RS: cfg.put_split == 1 and cfg.reduce_max_blocks is None,
+    }
+    if m not in _OP_METHODS[op] or not builders_express[m]:
+        return None
+    if m is OverlapMethod.RING_AG and cfg.pulls:
+        found = "pull", {"lanes": cfg.lanes, **pieces}
+    elif m is OverlapMethod.RING_AG:
+        kw = {"lanes": cfg.lanes, "split": cfg.put_split, "staggered": cfg.staggered_puts}
+        found = "pipeline", {**kw, **pieces}
+    elif m is OverlapMethod.PIPELINE_RS:
+        found = "pipeline", {"lanes": cfg.lanes, "split": cfg.put_split, **pieces}
+    elif m is OverlapMethod.RING_RS:
+        found = "ring", {"lanes": cfg.lanes, "subchunks": cfg.ring_subchunks, "pull": cfg.pulls}
+    elif m is OverlapMethod.BULK_AG:
+        found = "bulk", {"serial": True}
+    else:  # BULK_RS
+        found = "bulk", {"serial": True, "margin": cfg.sm_margin, "pieces": cfg.piece_count}
+    return found
+
+
+def ub_default_variant(op: str, shape: str, tp: int) -> str | None:
+    """The name (``method/kwargs``) of the registered variant of ``op`` that runs what
+    :func:`~overlap.initialize_ub` configures by default at TP size ``tp`` for the GEMM name
+    :func:`ub_gemm_name` gives (NOTE [default variant]); None where no registered variant
+    runs it."""
+    cfg = UbConfig(tokens=tp, hidden=1, tp=tp).gemms[ub_gemm_name(op, shape)]
+    found = _default_kwargs(op, cfg)
+    if found is None:
+        return None
+    name = Variant(op, found[0], found[1], _ag_pipeline).name
+    return name if any(v.op == op and v.name == name for v in _REGISTRY) else None

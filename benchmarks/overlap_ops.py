@@ -8,7 +8,9 @@ Per op x shape x dtype x TP size, in one run on the same devices:
 * ``T_seq``: the collective, then the GEMM (NCCL + cuBLASLt; :mod:`overlap.ops.reference`'s
   reduce-scatter for GEMM+RS);
 * ``T_ours``: every variant of every registered method (:mod:`benchmarks.methods`; all of them
-  in the JSON, the best in the table with its name);
+  in the JSON, the best in the table with its name), and ``T_default``, the variant that runs
+  what ``initialize_ub()`` configures by default for the row (``default/floor`` in the table,
+  its own counts in the summary line: NOTE [default variant] in benchmarks/methods.py);
 * torch's async-TP (``torch.ops.symm_mem.fused_all_gather_matmul`` /
   ``fused_matmul_reduce_scatter``, their ``_scaled`` variants for FP8), or "n/a" with the
   reason where it fails;
@@ -113,7 +115,15 @@ from benchmarks.common import (
     timing_protocol,
     write_json,
 )
-from benchmarks.methods import BULK_OPS, OPS, Case, SideGemm, Variant, select
+from benchmarks.methods import (
+    BULK_OPS,
+    OPS,
+    Case,
+    SideGemm,
+    Variant,
+    select,
+    ub_default_variant,
+)
 from benchmarks.trace import Tracer, row_label
 from overlap.comm import Communicator, TorchBootstrap, TransportKind, tp_subgroup
 from overlap.gemm import gemm
@@ -487,7 +497,9 @@ def bench_row(
     timelines of the best variant and torch's op as well (``row["trace"]``)."""
     run = RowRun(comm, group, variants, cuda, timer, passes, tracer)
     times = _bench_bulk_row if row["op"] in BULK_OPS else _bench_overlap_row
-    return add_metrics(times(dict(row), run, *_row_inputs(cuda)))
+    out = times(dict(row), run, *_row_inputs(cuda))
+    out["default_variant"] = ub_default_variant(row["op"], row["shape"], comm.group.size)
+    return add_metrics(out)
 
 
 def _bench_overlap_row(
@@ -650,7 +662,9 @@ def _bench_bulk_row(
 
 def add_metrics(row: dict[str, Any]) -> dict[str, Any]:
     """Adds the best variant and the ratios to a row with T_gemm, T_comm, T_seq,
-    T_ours_by_variant, T_torch, T_te_ref and te_ref_floor (None where absent)."""
+    T_ours_by_variant, T_torch, T_te_ref and te_ref_floor (None where absent), and the time
+    of initialize_ub's default for the row where ``default_variant`` names a timed variant
+    (NOTE [default variant] in benchmarks/methods.py)."""
     variants = row["T_ours_by_variant"]
     best = min(variants, key=variants.get) if variants else None
     row["best_variant"] = best
@@ -669,6 +683,8 @@ def add_metrics(row: dict[str, Any]) -> dict[str, Any]:
     row["vs_te"] = ratio(row.get("T_te_ref"))
     te, te_floor = row.get("T_te_ref"), row.get("te_ref_floor")
     row["te_ref_over_floor"] = te / te_floor if te and te_floor else None
+    row["T_default"] = variants.get(row.get("default_variant") or "")
+    row["default_over_floor"] = row["T_default"] / floor if row["T_default"] is not None else None
     return row
 
 
@@ -676,6 +692,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Counts against the DESIGN.md §6 targets (of whichever rows are given: the AG+GEMM and
     GEMM+RS rows, or the bulk rows apart)."""
     ratios = [r["ours_over_floor"] for r in rows if r.get("ours_over_floor") is not None]
+    defaults = [r["default_over_floor"] for r in rows if r.get("default_over_floor") is not None]
     torch_rows = [r for r in rows if r.get("vs_torch") is not None]
     te_rows = [r for r in rows if r.get("vs_te") is not None]
     te_ratio_rows = [
@@ -695,6 +712,11 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "rows_within_target": sum(x <= TARGET for x in ratios),
         "median_ours_over_floor": statistics.median(ratios) if ratios else None,
         "worst_ours_over_floor": max(ratios) if ratios else None,
+        # NOTE [default variant]: the same counts for initialize_ub's default of each row
+        "rows_with_default": len(defaults),
+        "rows_default_within_target": sum(x <= TARGET for x in defaults),
+        "median_default_over_floor": statistics.median(defaults) if defaults else None,
+        "worst_default_over_floor": max(defaults) if defaults else None,
         "rows_with_torch": len(torch_rows),
         "rows_faster_than_torch": sum(r["vs_torch"] < 1 for r in torch_rows),
         "rows_with_te_ref": len(te_rows),
@@ -734,6 +756,12 @@ def summary_line(s: dict[str, Any], *, bulk: bool = False) -> str:
                 f" (nearer our floor than TE to its own: {s['rows_nearer_floor_than_te_ref']}/"
                 f"{s['rows_with_te_ref_ratio']})"
             )
+    if s.get("rows_with_default"):  # NOTE [default variant]
+        line += (
+            f"; initialize_ub's defaults: {s['rows_default_within_target']}/"
+            f"{s['rows_with_default']} <= {s['target']:.2f} x floor, median "
+            f"{s['median_default_over_floor']:.3f}, worst {s['worst_default_over_floor']:.3f}"
+        )
     if s.get("rows_with_host_time"):  # NOTE [host-bound rows]
         other = "NCCL" if bulk else "torch"
         line += (
@@ -767,6 +795,7 @@ TABLE_COLUMNS = [
     ("host_ms", "host"),
     ("best_variant", "best variant"),
     ("ours_over_floor", "ours/floor"),
+    ("default_over_floor", "default/floor"),
     ("efficiency", "eff"),
     ("vs_torch", "vs torch"),
     ("T_te_ref", "TE*"),
@@ -794,6 +823,7 @@ def table_text(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "floor = max(T_gemm, T_comm); eff = 1 - (T_ours - T_gemm) / (T_seq - T_gemm); "
         "vs X = T_ours / T_X (< 1: ours faster); torch = torch async-TP (n/a: see JSON); "
         "host = the host's time to enqueue one call of the best variant (GPUs); "
+        "default = the variant initialize_ub() configures by default (JSON: default_variant); "
         "bulk rows: T_gemm = the side GEMM, torch = NCCL on a side stream beside it",
         f"TE* = {TE_SOURCE}; TE*/floor* = TE's time over the floor of TE's own run",
         "",
@@ -1057,6 +1087,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "T_seq": "the collective, then the GEMM (no overlap)",
             "T_ours": "the best of T_ours_by_variant (benchmarks/methods.py)",
             "floor": "max(T_gemm, T_comm)",
+            "T_default": "T_ours_by_variant of default_variant, the variant running what "
+            "initialize_ub() configures by default for the row's GEMM name (NOTE [default "
+            "variant] in benchmarks/methods.py); default_over_floor = T_default / floor",
             "efficiency": "1 - (T_ours - T_gemm) / (T_seq - T_gemm)",
             "vs_torch": "T_ours / T_torch",
             "vs_te": "T_ours / T_te_ref (a 4xH200 reference, not measured here)",

@@ -205,6 +205,55 @@ def test_summary_counts_targets_and_peers() -> None:
     ]
 
 
+def test_default_variant_is_timed_beside_the_best_and_counted_apart() -> None:
+    """NOTE [default variant]: T_default is the time of the variant initialize_ub runs by
+    default; rows without it (not timed, or no variant runs it) stay out of its counts."""
+    rng = random.Random()
+    rows = [bench.add_metrics(_random_row(rng, default_variant="v1")) for _ in range(5)]
+    for r in rows:
+        assert r["T_default"] == r["T_ours_by_variant"]["v1"] >= r["T_ours"]
+        assert r["default_over_floor"] == pytest.approx(r["T_default"] / r["floor"])
+    untimed = bench.add_metrics(_random_row(rng, default_variant="not timed"))
+    unknown = bench.add_metrics(_random_row(rng, default_variant=None))
+    assert untimed["T_default"] is untimed["default_over_floor"] is unknown["T_default"] is None
+    s = bench.summarize([*rows, untimed, unknown])
+    ratios = [r["default_over_floor"] for r in rows]
+    assert s["rows_with_default"] == 5
+    assert s["rows_default_within_target"] == sum(x <= 1.10 for x in ratios)
+    assert s["median_default_over_floor"] == pytest.approx(statistics.median(ratios))
+    assert s["worst_default_over_floor"] == max(ratios)
+    line = bench.summary_line(s)
+    assert f"initialize_ub's defaults: {s['rows_default_within_target']}/5 <= 1.10" in line
+    assert "initialize_ub" not in bench.summary_line(bench.summarize([untimed, unknown]))
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_every_suite_row_has_a_registered_default_variant(tp: int) -> None:
+    """The default of each row's GEMM name (overlap.ub) is a registered variant, derived from
+    UbConfig rather than written down: e.g. GEMM+RS at TP 2 is the pulled ring (NOTE [ub tp
+    2]), and a bulk_rs row's margin and pieces are bulk_rs_defaults(tp)'s."""
+    from overlap.ops.bulk import bulk_rs_defaults
+
+    names = {(v.op, v.name) for v in methods.registered()}
+    for row in bench.build_suite(tp, full=True, cuda=True, tp_sizes=[tp]):
+        name = methods.ub_default_variant(row["op"], row["shape"], tp)
+        assert (row["op"], name) in names, row
+    assert methods.ub_gemm_name("ag_gemm", "te8192") == "qkv_fprop"
+    assert methods.ub_gemm_name("gemm_rs", "fc2") == "fc2_fprop"
+    assert methods.ub_gemm_name("bulk_rs", "fc1") == "fc1_wgrad"
+    rs = methods.ub_default_variant("gemm_rs", "proj", tp)
+    assert rs == ("ring/lanes1-subchunks2-pull" if tp == 2 else "pipeline/lanes1-split1")
+    margin, pieces = bulk_rs_defaults(tp)
+    assert methods.ub_default_variant("bulk_rs", "qkv", tp) == (
+        f"bulk/serial-margin{margin}-pieces{pieces}"
+    )
+    assert methods.ub_default_variant("ag_gemm", "fc1", tp) == "pipeline/lanes2-split1-staggered"
+    # another op's method (proj fprop reduce-scatters) is no AG+GEMM variant
+    assert methods.ub_default_variant("ag_gemm", "proj", tp) is None
+    with pytest.raises(ValueError, match="unknown op"):
+        methods.ub_gemm_name("gemm", "fc1")
+
+
 def test_host_bound_rows_are_counted_where_enqueue_times_were_measured() -> None:
     """NOTE [host-bound rows]: a row counts as host-bound when enqueueing its best variant (or
     torch's op) took the host longer than the GPU's time for it; rows without host times (the
