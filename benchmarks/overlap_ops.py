@@ -35,6 +35,21 @@ under sustained load, as in training, rather than the higher clocks of a GPU com
 (NOTE [sustained timing] in benchmarks/common.py); the DESIGN.md §6 targets are stated for
 ``gpu``.
 
+NOTE [pipeline floor]: where a row misses the floor, how far is it from what its schedule can
+reach? Our AG+GEMM and GEMM+RS cut the GEMM into one chunk per rank (M / tp rows, the chunked
+GEMM's): an AG+GEMM's last chunk can only be multiplied once the last shard has landed, and a
+GEMM+RS's first transfer can only start once its chunk is computed, and the op ends with the
+transfers and the reduction. With ``T_comm_ours``, our runtime's own collective alone (the
+all-gather of the shard; the reduce-scatter of the ``[M, N]`` partial sums in place in a
+buffer, pulls and reduction, as a GEMM+RS's GEMMs leave them), neither op beats
+``pipeline_floor = max(T_gemm, T_gemm_chunked / tp + T_comm_ours)`` unless its transfers run
+faster beside the GEMMs than alone. ``ours/pipe`` in the table: near 1, a row is as fast as a
+pipeline of one chunk per rank over our transport gets, and what remains above the floor is
+that chunk's GEMM and ``T_comm_ours`` itself (a faster transport, or a GEMM that communicates
+from its own epilogue, would be needed); well above 1, the overlap itself loses time.
+Variants in pieces (half or quarter chunks) may go below it: a yardstick, not a bound on
+every method, and not a target (the DESIGN.md §6 floor is).
+
 NOTE [host-bound rows]: on GPUs every call's host enqueue time is measured too (the median of
 its warm-up calls, max over ranks): ``host`` in the table (the best variant's), and
 ``host_ms_by_variant`` / ``host_ms_torch`` in the JSON. Where it exceeds the GPU time of the
@@ -536,12 +551,34 @@ def _bench_overlap_row(
         except Exception as exc:  # any failure of torch's op is reported as n/a
             out["torch_error"], torch_call = _describe(exc), None
     case = Case(out["op"], comm, m_all, k, n, a, w, y, fp8, cuda, group=group)
+    if out["op"] == "ag_gemm":
+        calls["T_comm_ours"] = _our_all_gather(case, data_of(a)[0])
+    else:
+        calls["T_comm_ours"] = _our_reduce_scatter(case, partial)
     _time_row(out, run, case, calls, torch_call)
     out["T_gemm"] = min(out["T_gemm_whole"], out["T_gemm_chunked"])
     te = te_reference(out, cuda)
     out["T_te_ref"], out["te_ref_method"] = te if te else (None, None)
     out["te_ref_floor"] = te_floor_reference(out, cuda)
     return out
+
+
+def _our_all_gather(case: Case, shard: torch.Tensor) -> Callable[[], object]:
+    """Our runtime's all-gather of ``shard`` alone (NOTE [pipeline floor]), on a buffer of its
+    own that lives as long as the row's variants (``case.keep``; COLLECTIVE)."""
+    buf = case.keep(("comm_ours",), lambda: case.comm.create_buffer(shard.nbytes * case.tp))
+    return lambda: buf.all_gather_into([(shard, 0)])
+
+
+def _our_reduce_scatter(case: Case, partial: torch.Tensor) -> Callable[[], object]:
+    """Our runtime's reduce-scatter alone (NOTE [pipeline floor]) of ``partial`` ``[M, N]``,
+    in place in a buffer of its own, where a GEMM+RS's GEMMs leave their partial sums."""
+    buf = case.keep(("comm_ours",), lambda: case.comm.create_buffer(partial.nbytes))
+    sums = buf.view(partial.dtype, partial.shape)
+    sums.copy_(partial)
+    out = partial.new_empty((partial.shape[0] // case.tp, *partial.shape[1:]))
+    buf.barrier()  # every rank's partial sums are in place before a peer reads them
+    return lambda: buf.reduce_scatter(sums, out)
 
 
 def _time_row(
@@ -683,6 +720,11 @@ def add_metrics(row: dict[str, Any]) -> dict[str, Any]:
     row["vs_te"] = ratio(row.get("T_te_ref"))
     te, te_floor = row.get("T_te_ref"), row.get("te_ref_floor")
     row["te_ref_over_floor"] = te / te_floor if te and te_floor else None
+    # NOTE [pipeline floor]
+    comm_ours, chunked, tp = row.get("T_comm_ours"), row.get("T_gemm_chunked"), row.get("tp")
+    pipe = max(row["T_gemm"], chunked / tp + comm_ours) if comm_ours and chunked and tp else None
+    row["pipeline_floor"] = pipe
+    row["ours_over_pipeline_floor"] = ratio(pipe)
     row["T_default"] = variants.get(row.get("default_variant") or "")
     row["default_over_floor"] = row["T_default"] / floor if row["T_default"] is not None else None
     return row
@@ -796,6 +838,7 @@ TABLE_COLUMNS = [
     ("best_variant", "best variant"),
     ("ours_over_floor", "ours/floor"),
     ("default_over_floor", "default/floor"),
+    ("ours_over_pipeline_floor", "ours/pipe"),
     ("efficiency", "eff"),
     ("vs_torch", "vs torch"),
     ("T_te_ref", "TE*"),
@@ -824,6 +867,8 @@ def table_text(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "vs X = T_ours / T_X (< 1: ours faster); torch = torch async-TP (n/a: see JSON); "
         "host = the host's time to enqueue one call of the best variant (GPUs); "
         "default = the variant initialize_ub() configures by default (JSON: default_variant); "
+        "pipe = max(T_gemm, T_gemm_chunked / tp + our collective alone), what a pipeline of "
+        "one chunk per rank over our transport can reach (NOTE [pipeline floor]); "
         "bulk rows: T_gemm = the side GEMM, torch = NCCL on a side stream beside it",
         f"TE* = {TE_SOURCE}; TE*/floor* = TE's time over the floor of TE's own run",
         "",
@@ -1091,6 +1136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "initialize_ub() configures by default for the row's GEMM name (NOTE [default "
             "variant] in benchmarks/methods.py); default_over_floor = T_default / floor",
             "efficiency": "1 - (T_ours - T_gemm) / (T_seq - T_gemm)",
+            "T_comm_ours": "our runtime's collective alone: the all-gather of the shard, or the "
+            "reduce-scatter of the [M, N] partial sums in place in the buffer",
+            "pipeline_floor": "max(T_gemm, T_gemm_chunked / tp + T_comm_ours): what a pipeline "
+            "of one chunk per rank over our transport can reach (NOTE [pipeline floor] in "
+            "benchmarks/overlap_ops.py); ours_over_pipeline_floor = T_ours / pipeline_floor",
             "vs_torch": "T_ours / T_torch",
             "vs_te": "T_ours / T_te_ref (a 4xH200 reference, not measured here)",
             "te_ref_floor": "TE's floor in TE's own run: max(its T_gemm, its T_comm) from "

@@ -50,6 +50,12 @@ def _check_rows(rows: list[dict], variants: set[str], errors: set[str] = frozens
         assert r["T_ours"] == min(r["T_ours_by_variant"].values()) > 0
         assert r["floor"] == max(r["T_gemm"], r["T_comm"])
         assert r["ours_over_floor"] == pytest.approx(r["T_ours"] / r["floor"])
+        # NOTE [pipeline floor]: our collective alone, plus one chunk's GEMM
+        pipe = max(r["T_gemm"], r["T_gemm_chunked"] / r["tp"] + r["T_comm_ours"])
+        assert r["T_comm_ours"] > 0 and r["pipeline_floor"] == pytest.approx(pipe)
+        # NOTE [default variant]: timed whenever the selection kept it
+        if r["default_variant"] in r["T_ours_by_variant"]:
+            assert r["T_default"] == r["T_ours_by_variant"][r["default_variant"]]
         # host transport: no torch async-TP (n/a with the reason), no TE reference
         assert r["T_torch"] is None and "CUDA" in r["torch_error"] and r["vs_torch"] is None
         assert r["T_te_ref"] is None and r["vs_te"] is None
@@ -112,6 +118,10 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
     )
     assert result["summary"]["rows"] == 4 == result["summary"]["rows_timed"]
     assert result["summary_bulk"]["rows"] == 2 == result["summary_bulk"]["rows_timed"]
+    # initialize_ub's defaults: every AG+GEMM / GEMM+RS row's runs on the host transport, the
+    # bulk reduce-scatter's SM margin only on GPUs
+    assert result["summary"]["rows_with_default"] == 4
+    assert result["summary_bulk"]["rows_with_default"] == 1
     assert {m["name"] for m in result["methods"]} >= on_host["ag_gemm"] | on_host["gemm_rs"]
     # progress on stderr (rank 0 only), table and paths on stdout
     progress = [line for line in done.stderr.splitlines() if line.startswith("[overlap_ops] ")]

@@ -227,6 +227,24 @@ def test_default_variant_is_timed_beside_the_best_and_counted_apart() -> None:
     assert "initialize_ub" not in bench.summary_line(bench.summarize([untimed, unknown]))
 
 
+def test_pipeline_floor_adds_one_chunk_gemm_to_our_collective() -> None:
+    """NOTE [pipeline floor]: max(T_gemm, T_gemm_chunked / tp + T_comm_ours), for the rows
+    that measured our collective (not bulk rows, which have no chunked GEMM)."""
+    rng = random.Random()
+    comm_bound = bench.add_metrics(
+        _random_row(rng, T_gemm=1.0, T_gemm_chunked=1.2, tp=4, T_comm_ours=0.9)
+    )
+    assert comm_bound["pipeline_floor"] == pytest.approx(1.2 / 4 + 0.9)
+    gemm_bound = bench.add_metrics(
+        _random_row(rng, T_gemm=1.0, T_gemm_chunked=1.0, tp=2, T_comm_ours=0.2)
+    )
+    assert gemm_bound["pipeline_floor"] == 1.0
+    ours = gemm_bound["T_ours"]
+    assert gemm_bound["ours_over_pipeline_floor"] == pytest.approx(ours / 1.0)
+    bulk = bench.add_metrics(_random_row(rng, T_gemm_chunked=None, tp=4, T_comm_ours=None))
+    assert bulk["pipeline_floor"] is bulk["ours_over_pipeline_floor"] is None
+
+
 @pytest.mark.parametrize("tp", [2, 4])
 def test_every_suite_row_has_a_registered_default_variant(tp: int) -> None:
     """The default of each row's GEMM name (overlap.ub) is a registered variant, derived from
