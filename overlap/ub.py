@@ -40,7 +40,15 @@ copy per peer) on 11 of the 12 GEMM+RS rows of the suite, by up to 8% (proj FP8 
 0.906 -> 0.830 ms; te4096 FP8 0.235 -> 0.227; fc2 FP8 M 16384 3.027 -> 2.899), and 3%
 slower on fc2 FP8 M 8192 (1.457 -> 1.504). Other TP sizes keep ``PIPELINE_RS``: on 4xH200
 (``--launch 4 --tp 4``, the same day) that ring was faster on 5 of the 12 rows (proj FP8 M
-16384: 0.761 -> 0.705 ms) and slower on 7 (fc2 FP8 M 16384: 1.491 -> 1.527).
+16384: 0.761 -> 0.705 ms) and slower on 7 (fc2 FP8 M 16384: 1.491 -> 1.527); over four
+later runs of the TP 4 suite (48 row samples, 2026-11-22) the ring was faster on 26, by
+0.5% on average, a tie. Also at TP 2, ``RING_AG`` defaults to one compute lane instead of
+two: each rank's chunk GEMMs are twice as tall as at TP 4, and two of them side by side
+contend rather than fill each other's tails. Over two runs of the TP 2 suite (24 AG+GEMM row
+samples, ``python -m benchmarks.overlap_ops --launch 2 --cuda --full``) one lane was faster on
+17 (20 without staggered puts), by 0.9% on average and up to 7.6% (te8192 bf16 1.626 ->
+1.503 ms; fc1 bf16 M 8192 6.108 -> 5.744), at most 3.9% slower (qkv FP8 M 16384, within the
+runs' noise). At TP 4 two lanes stay: they were the best single setting over 48 samples.
 
 NOTE [ub bulk]: the backward of qkv/fc1 (column-parallel, sequence-parallel input) defaults to
 TransformerEngine's and Megatron-LM's bulk pair: ``{layer}_dgrad`` is ``BULK_AG`` (gather the
@@ -213,7 +221,8 @@ class GemmOverlapConfig:
             :class:`UbConfig`).
         compute_lanes: streams the chunk GEMMs alternate over, 1..4 (default: 2 for
             ``RING_AG``, 1 for ``PIPELINE_RS`` / ``RING_RS``, the ops' defaults; bulk ops have
-            none).
+            none). :class:`UbConfig` made for TP 2 fills in 1 for ``RING_AG`` (NOTE [ub tp
+            2]).
         put_split: copies carrying one shard to one peer, 1..8 (``RING_AG``, ``BULK_AG`` and
             ``BULK_RS``; a property of the shared buffer, so names with different values get
             different buffers).
@@ -433,6 +442,8 @@ class UbConfig:
                 cfg = dataclasses.replace(cfg, method=_default_in(name, full, self.tp))
                 if cfg.method is OverlapMethod.RING_RS and cfg.pull_shards is None:
                     cfg = dataclasses.replace(cfg, pull_shards=True)  # NOTE [ub tp 2]
+            if cfg.method is OverlapMethod.RING_AG and self.tp == 2 and cfg.compute_lanes is None:
+                cfg = dataclasses.replace(cfg, compute_lanes=1)  # NOTE [ub tp 2]
             if cfg.method is OverlapMethod.BULK_RS and self.tp is not None:
                 margin, pieces = _bulk_rs_defaults(self.tp)  # NOTE [bulk_rs defaults]
                 if cfg.gemm_sm_margin is None:

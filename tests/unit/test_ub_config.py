@@ -95,6 +95,14 @@ def test_tp2_defaults_to_the_ring_with_pulls() -> None:
     assert proj == fc2 == GemmOverlapConfig(M.RING_RS, pull_shards=True)
     assert proj.pulls and proj.settings == "subchunks=2 pull" and proj.lanes == 1
     assert not UbConfig(tokens=8, hidden=4, tp=4).gemms["proj_fprop"].pulls
+    # AG+GEMMs on one compute lane at TP 2 (given lanes stay), two elsewhere
+    ag_names = [n for n, c in cfg.gemms.items() if c.method is M.RING_AG]
+    assert ag_names == ["qkv_fprop", "proj_dgrad", "fc1_fprop", "fc2_dgrad"]
+    assert all(cfg.gemms[n].compute_lanes == 1 == cfg.gemms[n].lanes for n in ag_names)
+    for tp in (None, 4):
+        assert all(UbConfig(8, 4, tp=tp).gemms[n].lanes == 2 for n in ag_names)
+    two = UbConfig(8, 4, tp=2, gemms={"qkv_fprop": GemmOverlapConfig(compute_lanes=2)})
+    assert two.gemms["qkv_fprop"].lanes == 2 and two.gemms["fc1_fprop"].lanes == 1
     # Given settings stay: an explicit method, or pushes on the default ring.
     given = {
         "proj_fprop": GemmOverlapConfig(M.PIPELINE_RS),
