@@ -464,8 +464,8 @@ _OP_METHODS = {
 
 def _default_kwargs(op: str, cfg: GemmOverlapConfig) -> tuple[str, dict[str, Any]] | None:
     """(method, kwargs) of the variant of ``op`` that runs ``cfg`` (a :class:`UbConfig` entry,
-    defaults filled in), in the order the registrations above give their kwargs; None when
-    ``cfg`` is another op's method, or a setting the builders leave at the op's default."""
+    defaults filled in), as the registrations above give them; None when ``cfg`` is another
+    op's method, or a setting the builders leave at the op's default."""
     m = cfg.method
     pieces = {"pieces": cfg.piece_count} if cfg.piece_count > 1 else {}
     # what the builders leave at the op's default must be that default
@@ -501,7 +501,5 @@ def ub_default_variant(op: str, shape: str, tp: int) -> str | None:
     runs it."""
     cfg = UbConfig(tokens=tp, hidden=1, tp=tp).gemms[ub_gemm_name(op, shape)]
     found = _default_kwargs(op, cfg)
-    if found is None:
-        return None
-    name = Variant(op, found[0], found[1], _ag_pipeline).name
-    return name if any(v.op == op and v.name == name for v in _REGISTRY) else None
+    match = [v for v in _REGISTRY if found and (v.op, v.method, dict(v.kwargs)) == (op, *found)]
+    return match[0].name if match else None

@@ -44,9 +44,9 @@ slower on fc2 FP8 M 8192 (1.457 -> 1.504). Other TP sizes keep ``PIPELINE_RS``: 
 later runs of the TP 4 suite (48 row samples, 2026-11-22) the ring was faster on 26, by
 0.5% on average, a tie. Also at TP 2, ``RING_AG`` defaults to one compute lane instead of
 two: each rank's chunk GEMMs are twice as tall as at TP 4, and two of them side by side
-contend rather than fill each other's tails. Over two runs of the TP 2 suite (24 AG+GEMM row
-samples, ``python -m benchmarks.overlap_ops --launch 2 --cuda --full``) one lane was faster on
-17 (20 without staggered puts), by 0.9% on average and up to 7.6% (te8192 bf16 1.626 ->
+contend rather than fill each other's tails. Over three runs of the TP 2 suite (36 AG+GEMM
+row samples, ``python -m benchmarks.overlap_ops --launch 2 --cuda --full``, the third with this
+default) one lane was faster on 25, by 1.0% on average and up to 7.6% (te8192 bf16 1.626 ->
 1.503 ms; fc1 bf16 M 8192 6.108 -> 5.744), at most 3.9% slower (qkv FP8 M 16384, within the
 runs' noise). At TP 4 two lanes stay: they were the best single setting over 48 samples.
 
