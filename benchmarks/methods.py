@@ -46,7 +46,7 @@ from overlap.ops import (
     ReduceScatterBesideGemm,
 )
 from overlap.quantization import QuantizedTensor
-from overlap.ub import GemmOverlapConfig, OverlapMethod, UbConfig
+from overlap.ub import LAYERS, GemmOverlapConfig, OverlapMethod, UbConfig
 
 __all__ = [
     "BULK_OPS",
@@ -436,7 +436,6 @@ register(
 # None (a unit test keeps every op's default registered).
 
 _UB_PASS = {"ag_gemm": "fprop", "gemm_rs": "fprop", "bulk_ag": "dgrad", "bulk_rs": "wgrad"}
-_UB_LAYERS = ("qkv", "proj", "fc1", "fc2")
 
 
 def ub_gemm_name(op: str, shape: str) -> str:
@@ -450,7 +449,7 @@ def ub_gemm_name(op: str, shape: str) -> str:
     """
     if op not in _UB_PASS:
         raise ValueError(f"unknown op {op!r}; ops: {OPS}")
-    layer = shape if shape in _UB_LAYERS else ("proj" if op == "gemm_rs" else "qkv")
+    layer = shape if shape in LAYERS else ("proj" if op == "gemm_rs" else "qkv")
     return f"{layer}_{_UB_PASS[op]}"
 
 
