@@ -53,6 +53,10 @@ def _check_rows(rows: list[dict], variants: set[str], errors: set[str] = frozens
         # NOTE [pipeline floor]: our collective alone, plus one chunk's GEMM
         pipe = max(r["T_gemm"], r["T_gemm_chunked"] / r["tp"] + r["T_comm_ours"])
         assert r["T_comm_ours"] > 0 and r["pipeline_floor"] == pytest.approx(pipe)
+        # NOTE [concurrent floor]: the faster GEMM form beside our copies of the row's bytes
+        conc = min(r["T_concurrent_whole"], r["T_concurrent_chunked"])
+        assert r["T_concurrent"] == conc > 0
+        assert r["concurrent_over_floor"] == pytest.approx(conc / r["floor"])
         # NOTE [default variant]: timed whenever the selection kept it
         if r["default_variant"] in r["T_ours_by_variant"]:
             assert r["T_default"] == r["T_ours_by_variant"][r["default_variant"]]
@@ -65,6 +69,7 @@ def _check_bulk_rows(rows: list[dict], variants: set[str]) -> None:
     assert rows
     for r in rows:
         assert r["T_gemm"] == r["T_gemm_whole"] > 0 and r["T_gemm_chunked"] is None
+        assert r["concurrent_over_floor"] is None  # the bulk op is the concurrent run itself
         assert r["T_comm"] > 0 and r["T_seq"] > 0
         assert set(r["T_ours_by_variant"]) == variants and not r["variant_errors"]
         assert r["T_ours"] == min(r["T_ours_by_variant"].values()) > 0

@@ -245,6 +245,29 @@ def test_pipeline_floor_adds_one_chunk_gemm_to_our_collective() -> None:
     assert bulk["pipeline_floor"] is bulk["ours_over_pipeline_floor"] is None
 
 
+def test_concurrent_floor_is_counted_against_the_target_apart() -> None:
+    """NOTE [concurrent floor]: T_concurrent (the GEMM beside our copies of its bytes)
+    over the floor, and ours over it; rows without it (bulk rows) stay out of its counts."""
+    rng = random.Random()
+    rows = [
+        bench.add_metrics(_random_row(rng, T_concurrent=rng.uniform(0.9, 1.3))) for _ in range(7)
+    ]
+    for r in rows:
+        assert r["concurrent_over_floor"] == pytest.approx(r["T_concurrent"] / r["floor"])
+        assert r["ours_over_concurrent"] == pytest.approx(r["T_ours"] / r["T_concurrent"])
+    bulk = bench.add_metrics(_random_row(rng, op="bulk_rs"))
+    assert bulk["concurrent_over_floor"] is bulk["ours_over_concurrent"] is None
+    s = bench.summarize([*rows, bulk])
+    ratios = [r["concurrent_over_floor"] for r in rows]
+    assert s["rows_with_concurrent"] == 7
+    assert s["rows_concurrent_within_target"] == sum(x <= 1.10 for x in ratios)
+    assert s["median_concurrent_over_floor"] == pytest.approx(statistics.median(ratios))
+    assert s["worst_concurrent_over_floor"] == max(ratios)
+    line = bench.summary_line(s)
+    assert f"no dependencies: {s['rows_concurrent_within_target']}/7 <= 1.10" in line
+    assert "no dependencies" not in bench.summary_line(bench.summarize([bulk]))
+
+
 @pytest.mark.parametrize("tp", [2, 4])
 def test_every_suite_row_has_a_registered_default_variant(tp: int) -> None:
     """The default of each row's GEMM name (overlap.ub) is a registered variant, derived from
