@@ -815,15 +815,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "median_ours_over_floor": statistics.median(ratios) if ratios else None,
         "worst_ours_over_floor": max(ratios) if ratios else None,
         # NOTE [default variant]: the same counts for initialize_ub's default of each row
-        "rows_with_default": len(defaults),
-        "rows_default_within_target": sum(x <= TARGET for x in defaults),
-        "median_default_over_floor": statistics.median(defaults) if defaults else None,
-        "worst_default_over_floor": max(defaults) if defaults else None,
+        **_target_counts("default", defaults),
         # NOTE [concurrent floor]: the GEMM beside our copies of its bytes, no dependency
-        "rows_with_concurrent": len(concurrent),
-        "rows_concurrent_within_target": sum(x <= TARGET for x in concurrent),
-        "median_concurrent_over_floor": statistics.median(concurrent) if concurrent else None,
-        "worst_concurrent_over_floor": max(concurrent) if concurrent else None,
+        **_target_counts("concurrent", concurrent),
         "rows_with_torch": len(torch_rows),
         "rows_faster_than_torch": sum(r["vs_torch"] < 1 for r in torch_rows),
         "rows_with_te_ref": len(te_rows),
@@ -838,6 +832,28 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "rows_with_torch_host_time": len(torch_host),
         "rows_torch_host_bound": sum(r["host_ms_torch"] > r["T_torch"] for r in torch_host),
     }
+
+
+def _target_counts(name: str, ratios: Sequence[float]) -> dict[str, Any]:
+    """``rows_with_<name>``, ``rows_<name>_within_target``, ``median_<name>_over_floor`` and
+    ``worst_<name>_over_floor`` of ``ratios`` (times over the floor)."""
+    return {
+        f"rows_with_{name}": len(ratios),
+        f"rows_{name}_within_target": sum(x <= TARGET for x in ratios),
+        f"median_{name}_over_floor": statistics.median(ratios) if ratios else None,
+        f"worst_{name}_over_floor": max(ratios) if ratios else None,
+    }
+
+
+def _target_counts_text(s: dict[str, Any], name: str, label: str) -> str:
+    """``_target_counts(name, ...)`` of the summary ``s`` as one clause (empty without rows)."""
+    if not s.get(f"rows_with_{name}"):
+        return ""
+    return (
+        f"; {label}: {s[f'rows_{name}_within_target']}/{s[f'rows_with_{name}']} <= "
+        f"{s['target']:.2f} x floor, median {s[f'median_{name}_over_floor']:.3f}, worst "
+        f"{s[f'worst_{name}_over_floor']:.3f}"
+    )
 
 
 def summary_line(s: dict[str, Any], *, bulk: bool = False) -> str:
@@ -863,19 +879,10 @@ def summary_line(s: dict[str, Any], *, bulk: bool = False) -> str:
                 f" (nearer our floor than TE to its own: {s['rows_nearer_floor_than_te_ref']}/"
                 f"{s['rows_with_te_ref_ratio']})"
             )
-    if s.get("rows_with_default"):  # NOTE [default variant]
-        line += (
-            f"; initialize_ub's defaults: {s['rows_default_within_target']}/"
-            f"{s['rows_with_default']} <= {s['target']:.2f} x floor, median "
-            f"{s['median_default_over_floor']:.3f}, worst {s['worst_default_over_floor']:.3f}"
-        )
-    if s.get("rows_with_concurrent"):  # NOTE [concurrent floor]
-        line += (
-            f"; GEMM beside our copies of its bytes, no dependencies: "
-            f"{s['rows_concurrent_within_target']}/{s['rows_with_concurrent']} <= "
-            f"{s['target']:.2f} x floor, median {s['median_concurrent_over_floor']:.3f}, worst "
-            f"{s['worst_concurrent_over_floor']:.3f}"
-        )
+    line += _target_counts_text(s, "default", "initialize_ub's defaults")  # NOTE [default variant]
+    line += _target_counts_text(  # NOTE [concurrent floor]
+        s, "concurrent", "GEMM beside our copies of its bytes, no dependencies"
+    )
     if s.get("rows_with_host_time"):  # NOTE [host-bound rows]
         other = "NCCL" if bulk else "torch"
         line += (

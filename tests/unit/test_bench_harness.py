@@ -205,6 +205,14 @@ def test_summary_counts_targets_and_peers() -> None:
     ]
 
 
+def _check_target_counts(s: dict, name: str, ratios: list[float]) -> None:
+    """The summary ``s`` counts ``ratios`` (times over the floor) under ``name``."""
+    assert s[f"rows_with_{name}"] == len(ratios)
+    assert s[f"rows_{name}_within_target"] == sum(x <= 1.10 for x in ratios)
+    assert s[f"median_{name}_over_floor"] == pytest.approx(statistics.median(ratios))
+    assert s[f"worst_{name}_over_floor"] == max(ratios)
+
+
 def test_default_variant_is_timed_beside_the_best_and_counted_apart() -> None:
     """NOTE [default variant]: T_default is the time of the variant initialize_ub runs by
     default; rows without it (not timed, or no variant runs it) stay out of its counts."""
@@ -217,11 +225,7 @@ def test_default_variant_is_timed_beside_the_best_and_counted_apart() -> None:
     unknown = bench.add_metrics(_random_row(rng, default_variant=None))
     assert untimed["T_default"] is untimed["default_over_floor"] is unknown["T_default"] is None
     s = bench.summarize([*rows, untimed, unknown])
-    ratios = [r["default_over_floor"] for r in rows]
-    assert s["rows_with_default"] == 5
-    assert s["rows_default_within_target"] == sum(x <= 1.10 for x in ratios)
-    assert s["median_default_over_floor"] == pytest.approx(statistics.median(ratios))
-    assert s["worst_default_over_floor"] == max(ratios)
+    _check_target_counts(s, "default", [r["default_over_floor"] for r in rows])
     line = bench.summary_line(s)
     assert f"initialize_ub's defaults: {s['rows_default_within_target']}/5 <= 1.10" in line
     assert "initialize_ub" not in bench.summary_line(bench.summarize([untimed, unknown]))
@@ -258,11 +262,7 @@ def test_concurrent_floor_is_counted_against_the_target_apart() -> None:
     bulk = bench.add_metrics(_random_row(rng, op="bulk_rs"))
     assert bulk["concurrent_over_floor"] is bulk["ours_over_concurrent"] is None
     s = bench.summarize([*rows, bulk])
-    ratios = [r["concurrent_over_floor"] for r in rows]
-    assert s["rows_with_concurrent"] == 7
-    assert s["rows_concurrent_within_target"] == sum(x <= 1.10 for x in ratios)
-    assert s["median_concurrent_over_floor"] == pytest.approx(statistics.median(ratios))
-    assert s["worst_concurrent_over_floor"] == max(ratios)
+    _check_target_counts(s, "concurrent", [r["concurrent_over_floor"] for r in rows])
     line = bench.summary_line(s)
     assert f"no dependencies: {s['rows_concurrent_within_target']}/7 <= 1.10" in line
     assert "no dependencies" not in bench.summary_line(bench.summarize([bulk]))
