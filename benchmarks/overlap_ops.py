@@ -950,8 +950,7 @@ def table_text(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
         "pipe = max(T_gemm, T_gemm_chunked / tp + our collective alone), what a pipeline of "
         "one chunk per rank over our transport can reach (NOTE [pipeline floor]); "
         "conc = the GEMM and our copies of the row's bytes at once with no dependency, "
-        "contention alone "
-        "(NOTE [concurrent floor]); "
+        "contention alone (NOTE [concurrent floor]); "
         "bulk rows: T_gemm = the side GEMM, torch = NCCL on a side stream beside it",
         f"TE* = {TE_SOURCE}; TE*/floor* = TE's time over the floor of TE's own run",
         "",
@@ -1230,9 +1229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "the bytes the reduce-scatter pulls, without its reduction) issued at once on two "
             "streams with no dependency between them (one after the other on the host "
             "transport): contention alone (NOTE [concurrent floor] in "
-            "benchmarks/overlap_ops.py); "
-            "concurrent_over_floor = T_concurrent / floor, ours_over_concurrent = T_ours / "
-            "T_concurrent",
+            "benchmarks/overlap_ops.py); concurrent_over_floor = T_concurrent / floor, "
+            "ours_over_concurrent = T_ours / T_concurrent",
             "vs_torch": "T_ours / T_torch",
             "vs_te": "T_ours / T_te_ref (a 4xH200 reference, not measured here)",
             "te_ref_floor": "TE's floor in TE's own run: max(its T_gemm, its T_comm) from "
