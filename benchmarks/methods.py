@@ -500,5 +500,7 @@ def ub_default_variant(op: str, shape: str, tp: int) -> str | None:
     runs it."""
     cfg = UbConfig(tokens=tp, hidden=1, tp=tp).gemms[ub_gemm_name(op, shape)]
     found = _default_kwargs(op, cfg)
-    match = [v for v in _REGISTRY if found and (v.op, v.method, dict(v.kwargs)) == (op, *found)]
+    if found is None:
+        return None
+    match = [v for v in _REGISTRY if (v.op, v.method, dict(v.kwargs)) == (op, *found)]
     return match[0].name if match else None

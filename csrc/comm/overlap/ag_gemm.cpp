@@ -370,23 +370,21 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   const std::uint64_t epoch =
       begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
   detail::take_piece_epochs(buf, stream);  // NOTE [ag_gemm pieces]
-  // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial
-  // puts] in symmetric_buffer.h); otherwise a set of lanes per peer. Then, with keep_gathered,
-  // one lane for our own slot's copy. The put lanes announce each piece themselves: an
-  // announcement lane (as the all-gather once had, NOTE [gather handshakes] in collectives.cpp)
-  // made this op slower on 4xH200 (qkv fp8 TP4: 0.31 -> 0.35 ms), its event edges waiting
-  // behind the chunk GEMMs. A signal
-  // lane of its own (as in the bulk ops, NOTE [bulk signal lane] in bulk.cpp; 2026-11-22,
-  // every pipeline variant of the qkv and te4096 AG rows, new / old): TP 4 median 1.010 (0.89
-  // to 1.47; best qkv bf16 M 8192 0.488 -> 0.519 ms), TP 2 median 0.997 (0.94 to 1.05): not
-  // kept. Moving the FP8 scale_inv's tiny copies to the own lane with one event edge per put
-  // lane was slower too (0.31 -> 0.34 ms). They are not what makes the FP8 rows at TP 4 slow:
-  // skipping them altogether (a dev-only A/B that left the peers' scale slots stale) gained 2% (qkv
-  // fp8 TP4 0.316
-  // -> 0.309 ms, M 16384 0.550 -> 0.536, other rows noise); writing them with a one-block SM copy
-  // instead was much slower (0.315 -> 0.368, two runs: the kernel waits for SMs the GEMMs hold).
-  // Handing the scale_inv and the shard to the copy engines in one cudaMemcpyBatchAsync did
-  // not help either (qkv fp8 TP4 0.305 -> 0.304 ms, te4096 fp8 TP4 0.222 -> 0.218: noise).
+  // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial puts]
+  // in symmetric_buffer.h); otherwise a set of lanes per peer. Then, with keep_gathered, one lane
+  // for our own slot's copy. The put lanes announce each piece themselves: an announcement lane (as
+  // the all-gather once had, NOTE [gather handshakes] in collectives.cpp) made this op slower on
+  // 4xH200 (qkv fp8 TP4: 0.31 -> 0.35 ms), its event edges waiting behind the chunk GEMMs. A signal
+  // lane of its own (as in the bulk ops, NOTE [bulk signal lane] in bulk.cpp; 2026-11-22, every
+  // pipeline variant of the qkv and te4096 AG rows, new / old): TP 4 median 1.010 (0.89 to 1.47;
+  // best qkv bf16 M 8192 0.488 -> 0.519 ms), TP 2 median 0.997 (0.94 to 1.05): not kept. Moving the
+  // FP8 scale_inv's tiny copies to the own lane with one event edge per put lane was slower too
+  // (0.31 -> 0.34 ms). They are not what makes the FP8 rows at TP 4 slow: skipping them altogether
+  // (a dev-only A/B that left the peers' scale slots stale) gained 2% (qkv fp8 TP4 0.316 -> 0.309
+  // ms, M 16384 0.550 -> 0.536, other rows noise); writing them with a one-block SM copy instead
+  // was much slower (0.315 -> 0.368, two runs: the kernel waits for SMs the GEMMs hold). Handing
+  // the scale_inv and the shard to the copy engines in one cudaMemcpyBatchAsync did not help either
+  // (qkv fp8 TP4 0.305 -> 0.304 ms, te4096 fp8 TP4 0.222 -> 0.218: noise).
   // Nor (2026-11-22, after NOTE [allocation granularity]; a trace showed each peer's push
   // cycle at ~62 us: the 4-byte copy 2.5, gaps ~3 and ~10, the shard 47) taking them off the
   // put lane altogether: begin_op's acknowledgements as one handshake kernel whose words
