@@ -99,8 +99,8 @@ def test_no_import_cycles() -> None:
         for name, path in modules.items()
     }
     # A package's __init__ re-exporting its modules is not a cycle with them.
-    for name in graph:
-        graph[name] = {d for d in graph[name] if not name.startswith(d + ".")}
+    for name, deps in graph.items():
+        graph[name] = {d for d in deps if not name.startswith(d + ".")}
     state: dict[str, int] = {}
     cycles = []
 
