@@ -4,6 +4,8 @@
   :mod:`overlap.layers.linear`;
 * :class:`LayerNormLinear` and :class:`LayerNormMLP` (GELU or SwiGLU), with LayerNorm or
   RMSNorm: :mod:`overlap.layers.layernorm`;
+* :class:`TransformerLayer`: pre-norm attention (grouped-query, causal) and MLP,
+  :mod:`overlap.layers.transformer`;
 * FP8: :class:`Fp8Recipe`, :func:`fp8_autocast` (:mod:`overlap.layers.fp8`).
 
 Each layer takes a :class:`~overlap.ub.Userbuffers` handle (``ub=``) for its overlap ops, or
@@ -17,6 +19,7 @@ from overlap.layers._tp import TensorParallelGroup
 from overlap.layers.fp8 import Fp8Recipe, Fp8Scaling, fp8_autocast, fp8_recipe
 from overlap.layers.layernorm import Activation, LayerNormLinear, LayerNormMLP, Normalization
 from overlap.layers.linear import ColumnParallelLinear, RowParallelLinear
+from overlap.layers.transformer import TransformerLayer
 
 __all__ = [
     "Activation",
@@ -28,6 +31,7 @@ __all__ = [
     "Normalization",
     "RowParallelLinear",
     "TensorParallelGroup",
+    "TransformerLayer",
     "fp8_autocast",
     "fp8_recipe",
 ]

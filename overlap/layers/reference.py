@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["layernorm_linear", "layernorm_mlp", "linear", "norm"]
+__all__ = ["layernorm_linear", "layernorm_mlp", "linear", "norm", "transformer_layer"]
 
 
 def linear(x: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -27,7 +27,8 @@ def norm(x: torch.Tensor, state: dict[str, torch.Tensor], normalization: str, ep
     w = state["layer_norm_weight"].float()
     if normalization == "RMSNorm":
         return torch.nn.functional.rms_norm(x.float(), (h,), w, eps)
-    b = state["layer_norm_bias"].float()
+    b = state.get("layer_norm_bias")
+    b = None if b is None else b.float()
     return torch.nn.functional.layer_norm(x.float(), (h,), w, b, eps)
 
 
@@ -57,3 +58,37 @@ def layernorm_mlp(
 
 def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+
+
+def transformer_layer(
+    x: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    *,
+    num_attention_heads: int,
+    num_query_groups: int | None = None,
+    head_dim: int | None = None,
+    activation: str = "swiglu",
+    normalization: str = "RMSNorm",
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """:class:`~overlap.layers.TransformerLayer` on the whole ``[s, b, H]`` input (its
+    ``full_state_dict()`` keys): pre-norm causal grouped-query attention, then the MLP."""
+    s, b, hidden = x.shape
+    heads = num_attention_heads
+    groups = num_query_groups or heads
+    d = head_dim or hidden // heads
+    x = x.float()
+    ln = norm(x, {"layer_norm_weight": state["qkv_norm_weight"],
+                  "layer_norm_bias": state.get("qkv_norm_bias")}, normalization, eps)  # fmt: skip
+    q, k, v = (
+        linear(ln, {"weight": state[f"{n}_weight"], "bias": state.get(f"{n}_bias")}) for n in "qkv"
+    )
+    q = q.view(s, b, heads, d).permute(1, 2, 0, 3)
+    k, v = (t.view(s, b, groups, d).permute(1, 2, 0, 3) for t in (k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=groups != heads
+    )
+    o = o.permute(2, 0, 1, 3).reshape(s, b, heads * d)
+    h = x + linear(o, {"weight": state["proj_weight"], "bias": state.get("proj_bias")})
+    mlp = {k.removeprefix("mlp_"): v for k, v in state.items() if k.startswith("mlp_")}
+    return h + layernorm_mlp(h, mlp, activation, normalization, eps)

@@ -39,6 +39,7 @@ from overlap.layers import (
     LayerNormLinear,
     LayerNormMLP,
     RowParallelLinear,
+    TransformerLayer,
     fp8_autocast,
 )
 from overlap.layers import reference as ref
@@ -110,6 +111,30 @@ def _mlp_state(g: torch.Generator, gated: bool) -> dict[str, torch.Tensor]:
     }
 
 
+HEADS, GROUPS = 8, 4  # grouped-query attention, head_dim 4: TP up to 4
+
+
+def _transformer_state(g: torch.Generator) -> dict[str, torch.Tensor]:
+    d = H // HEADS
+    drop = ("fc1_bias", "fc2_bias", "layer_norm_bias")  # no biases; RMSNorm
+    mlp = {k: v for k, v in _mlp_state(g, gated=True).items() if k not in drop}
+    return {
+        "qkv_norm_weight": 1 + 0.1 * rand(H, gen=g),
+        "q_weight": rand(HEADS * d, H, gen=g, scale=H**-0.5),
+        "k_weight": rand(GROUPS * d, H, gen=g, scale=H**-0.5),
+        "v_weight": rand(GROUPS * d, H, gen=g, scale=H**-0.5),
+        "proj_weight": rand(H, HEADS * d, gen=g, scale=H**-0.5),
+        **{f"mlp_{k}": v for k, v in mlp.items()},
+    }
+
+
+def _seq_reference(x: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The transformer layer's reference on ``[s, b, H]`` (a 2-D input is one sequence)."""
+    x3 = x if x.dim() == 3 else x.unsqueeze(1)
+    y = ref.transformer_layer(x3, state, num_attention_heads=HEADS, num_query_groups=GROUPS)
+    return y if x.dim() == 3 else y.squeeze(1)
+
+
 KINDS = {
     "column": Kind(
         "column",
@@ -156,6 +181,15 @@ KINDS = {
         "rows",
         "rows",
     ),
+    "transformer": Kind(
+        "transformer",
+        lambda **kw: TransformerLayer(H, FFN, HEADS, num_query_groups=GROUPS, **kw),
+        _transformer_state,
+        _seq_reference,
+        H,
+        "rows",
+        "rows",
+    ),
     "mlp_swiglu": Kind(
         "mlp_swiglu",
         lambda **kw: LayerNormMLP(H, FFN, activation="swiglu", **kw),
@@ -194,12 +228,17 @@ def check_module(
     state = {k: v.to(dtype) for k, v in kind.state(gen).items()}
     layer.load_full_state_dict(state)
     x_whole = rand(tokens, kind.in_features, gen=gen).to(dtype)
-    out_whole_shape = kind.reference(x_whole, state).shape
+    out_whole_shape = kind.reference(
+        x_whole.float(), {k: v.float() for k, v in state.items()}
+    ).shape
     gy_whole = rand(*out_whole_shape, gen=gen).to(dtype)
     # Reference: float32 math on the same (rounded) values.
     xr = x_whole.float().clone().requires_grad_()
     sr = {k: v.float().clone().requires_grad_() for k, v in state.items()}
-    yr = kind.reference(xr, sr)
+    if seq_first:  # the whole [s, b, K] input (s-major rows), for attention's sake
+        yr = kind.reference(xr.view(-1, seq_first, xr.shape[-1]), sr).reshape(tokens, -1)
+    else:
+        yr = kind.reference(xr, sr)
     (yr * gy_whole.float()).sum().backward()
     # The layer on this rank's part.
     x = shard(x_whole, kind.sharded_input, tp.size, tp.rank).to(DEVICE)
@@ -274,7 +313,7 @@ def modules(tp: Any, gen: torch.Generator) -> None:
                     what=f"{dtype} ub={handle}",
                 )
         # Sequence-first [s, b, K] inputs (s sharded): b = 3.
-        for name in ("column", "row", "mlp_swiglu"):
+        for name in ("column", "row", "mlp_swiglu", "transformer"):
             kind = KINDS[name]
             layer = kind.build(tp_group=tp.group, ub=ub, params_dtype=dtype, device=DEVICE)
             check_module(kind, layer, tp, tokens=2 * tp.size * 3, dtype=dtype, gen=gen, seq_first=3,
