@@ -6,7 +6,9 @@
   RMSNorm: :mod:`overlap.layers.layernorm`;
 * :class:`TransformerLayer`: pre-norm attention (grouped-query, causal) and MLP,
   :mod:`overlap.layers.transformer`;
-* FP8: :class:`Fp8Recipe`, :func:`fp8_autocast` (:mod:`overlap.layers.fp8`).
+* FP8: :class:`Fp8Recipe`, :func:`fp8_autocast` (:mod:`overlap.layers.fp8`);
+* :func:`all_reduce_grad`: for a model's own replicated parameters applied to this rank's
+  tokens (an embedding, a final norm): their gradients summed over the TP group.
 
 Each layer takes a :class:`~overlap.ub.Userbuffers` handle (``ub=``) for its overlap ops, or
 None for plain ``torch.distributed`` collectives on its TP group (the same math, no
@@ -15,6 +17,7 @@ overlap). The schedule, the saved tensors and the FP8 recipe are described in do
 :mod:`overlap.layers._ops`), so ``torch.compile`` traces the layers without graph breaks.
 """
 
+from overlap.layers._functions import all_reduce_grad
 from overlap.layers._tp import TensorParallelGroup
 from overlap.layers.fp8 import Fp8Recipe, Fp8Scaling, fp8_autocast, fp8_recipe
 from overlap.layers.layernorm import Activation, LayerNormLinear, LayerNormMLP, Normalization
@@ -32,6 +35,7 @@ __all__ = [
     "RowParallelLinear",
     "TensorParallelGroup",
     "TransformerLayer",
+    "all_reduce_grad",
     "fp8_autocast",
     "fp8_recipe",
 ]

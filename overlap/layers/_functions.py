@@ -263,5 +263,7 @@ def row_parallel(
 
 
 def all_reduce_grad(param: torch.Tensor, group: TensorParallelGroup) -> torch.Tensor:
-    """``param`` whose gradient is summed over the TP group."""
+    """``param`` as it is, its gradient summed over the TP group: use it for a parameter
+    every rank holds whole but applies to its own tokens only (sequence parallelism), e.g.
+    ``F.embedding(tokens, all_reduce_grad(emb.weight, tp))``."""
     return _AllReduceGrad.apply(param, group)

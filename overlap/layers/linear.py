@@ -165,6 +165,14 @@ def _as_2d(x: torch.Tensor, features: int, what: str) -> torch.Tensor:
     return x.reshape(-1, features)
 
 
+def _compute_weight(weight: torch.Tensor, x: torch.Tensor, fp8: Fp8Call | None) -> torch.Tensor:
+    """The weight in the activations' dtype (a differentiable cast: e.g. float32 parameters
+    for the optimizer, bfloat16 GEMMs); FP8 quantizes from the parameter itself."""
+    if fp8 is not None or weight.dtype == x.dtype:
+        return weight
+    return weight.to(x.dtype)
+
+
 def _main_grad(weight: torch.Tensor, fuse: bool) -> torch.Tensor | None:
     if not fuse:
         return None
@@ -194,7 +202,9 @@ class ColumnParallelLinear(ParallelLinearBase):
             ``_dgrad`` / ``_wgrad`` ops), or None for plain collectives.
         gemm: the handle's GEMM name family this layer uses: ``"qkv"`` or ``"fc1"``.
         bias: add a learnable ``[N / tp]`` bias.
-        params_dtype: dtype of the parameters (the activations' dtype is the input's).
+        params_dtype: dtype of the parameters (default: torch's default dtype). The GEMMs run
+            in the input's dtype (the weight is cast to it, e.g. float32 parameters and
+            bfloat16 activations) or in FP8.
         device: where the parameters live (default: the current CUDA device on a cuda
             handle, else the CPU).
         init_method: called on the weight shard (default: ``nn.Linear``'s uniform for the
@@ -301,7 +311,7 @@ class ColumnParallelLinear(ParallelLinearBase):
         self._check_column_ub(fp8 is not None)
         y = column_parallel(
             x2d,
-            self.weight,
+            _compute_weight(self.weight, x2d, fp8),
             self.bias,
             self.spec,
             main_grad=_main_grad(self.weight, self.fuse_wgrad_accumulation),
@@ -415,7 +425,7 @@ class RowParallelLinear(ParallelLinearBase):
             self._check_ub_precision([f"{self.gemm}_dgrad"], fp8 is not None)
         y = row_parallel(
             x2d,
-            self.weight,
+            _compute_weight(self.weight, x2d, fp8),
             self.spec,
             main_grad=_main_grad(self.weight, self.fuse_wgrad_accumulation),
             fp8=fp8,
