@@ -129,7 +129,9 @@ prints progress on stderr and, at the end, the table, a summary line and the pat
 JSON (``overlap_ops.json``), the table (``overlap_ops.txt``) and the plot
 (``overlap_ops.png``, when matplotlib is installed). ``--trace`` (GPUs) adds a GPU timeline
 per row of its best variant and torch's op (benchmarks/trace.py): ``traces/<row>.txt``, and
-per-call spans and idle times in the JSON (``trace``), to say why a row misses.
+per-call spans and idle times in the JSON (``trace``), to say why a row misses. On the host
+transport the summary line counts nothing against the targets: its floor is gloo's collective
+on tiny CPU shapes, so the ratios say nothing about GPUs and change from run to run.
 
 The code: this module (the protocol's NOTEs, the options, ``main``);
 :mod:`benchmarks.overlap_suite` (the rows and the peer reference data, TE's times in

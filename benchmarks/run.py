@@ -15,8 +15,9 @@ It runs the benchmarks of :data:`JOBS`, one after the other, each launched under
 2. ``benchmarks.baseline_collectives``: overlap's all-gather / reduce-scatter beside NCCL (or
    gloo), the bootstrap and the amax kernel.
 
-At the end: the overlap summary lines (rows within 1.10 x floor, median ratio, rows faster
-than torch / TE) and the paths of the JSON files, the overlap table and its plot (PNG, when
+At the end: the overlap summary lines (on GPUs: rows within 1.10 x floor, median ratio, rows
+faster than torch / TE; on the host transport, whose floor is gloo's on tiny shapes, only the
+rows timed) and the paths of the JSON files, the overlap table and its plot (PNG, when
 matplotlib is installed).
 
 Another benchmark (e.g. whole tensor-parallel layers) is a module of ``benchmarks/`` that

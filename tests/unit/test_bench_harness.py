@@ -341,6 +341,42 @@ def test_table_marks_missing_peers_and_the_te_reference() -> None:
     assert "ag_gemm:x n/a: E (1 rows)" in text
 
 
+def test_host_transport_summary_counts_nothing_against_the_targets() -> None:
+    """On the host transport the floor is gloo's on tiny CPU shapes: the summary lines say
+    how many rows were timed and why nothing is counted, in the table and in benchmarks.run's
+    closing lines; the JSON's counts stay as they are."""
+    rng = random.Random()
+    rows = [report.add_metrics(_random_row(rng)) for _ in range(3)]
+    rows.append(report.add_metrics(_random_row(rng, op="bulk_ag")))
+    main, bulk = report.split_rows(rows)
+    result = {
+        "transport": "host",
+        "summary": report.summarize(main),
+        "summary_bulk": report.summarize(bulk),
+    }
+    lines = dict(report.summary_lines(result, "main", "bulk"))
+    assert lines["main"].startswith("3/3 rows timed; none counted against the 1.10 x floor")
+    assert lines["bulk"].startswith("1/1 rows timed; none counted")
+    for line in lines.values():
+        assert "gloo" in line and "rows <=" not in line and "median" not in line
+    assert "rows_within_target" in result["summary"]
+    gpu = dict(report.summary_lines({**result, "transport": "cuda"}, "main", "bulk"))
+    assert gpu["main"].startswith("rows <= 1.10 x floor: ")
+    assert gpu["bulk"] == report.summary_line(result["summary_bulk"], bulk=True)
+    meta = {
+        **result,
+        "world_size": 4,
+        "timing": timing_protocol(cuda=False, queued=False, warmup=1, iters=3),
+    }
+    text = report.table_text(rows, meta)
+    assert "summary: 3/3 rows timed; none counted" in text
+    assert "bulk rows: 1/1 rows timed; none counted" in text
+    # without bulk rows, no bulk line
+    assert report.summary_lines({**result, "summary_bulk": report.summarize([])}, "m", "b") == [
+        ("m", lines["main"])
+    ]
+
+
 def test_plot_labels_name_their_fields_and_keep_the_legend_off_the_bars(tmp_path) -> None:
     from benchmarks.plot import tick_label
 
@@ -350,8 +386,11 @@ def test_plot_labels_name_their_fields_and_keep_the_legend_off_the_bars(tmp_path
     pytest.importorskip("matplotlib")
     rng = random.Random()
     rows = [report.add_metrics({**_random_row(rng), **row, "M": 32 * (i + 1)}) for i in range(3)]
-    path = report.plot(rows, {"transport": "cuda", "world_size": 4}, tmp_path / "gpu.png")
+    # the host transport's plot has no target line (report.plot)
+    meta = {"transport": "host", "world_size": 4}
+    path = report.plot(rows, meta, tmp_path / "host.png")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.plot(rows, {**meta, "transport": "cuda"}, tmp_path / "gpu.png") is not None
 
 
 def test_plot_writes_a_png_or_says_why_not(tmp_path, monkeypatch, capsys) -> None:
