@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import overlap
-    from benchmarks.common import format_table, max_over_ranks, write_json
+    from benchmarks.common import max_over_ranks
     from overlap.launch import init_torch_distributed
 
     cuda = args.cuda
@@ -175,38 +175,100 @@ def run(args: argparse.Namespace) -> None:
                         )
                 ub.destroy()
     if rank == 0:
-        device_name = torch.cuda.get_device_name(device) if cuda else "cpu (host transport)"
-        columns = [
-            ("module", "module"), ("shape", "shape"), ("tokens", "T"), ("tp", "tp"),
-            ("dtype", "dtype"), ("ms_none", "ms ub=None"), ("ms_ub", "ms ub"),
-            ("speedup", "speed-up"), ("tokens_per_s_ub", "tokens/s ub"),
-            ("peak_mb_none", "peak MiB None"), ("peak_mb_ub", "peak MiB ub"),
-            ("ub_bytes", "ub bytes/rank"),
-        ]  # fmt: skip
-        table = format_table(rows, columns)
-        header = (
-            f"tensor-parallel layers, forward + backward, {device_name} x {tp}, median of "
-            f"{args.iters} steps, max over ranks"
-            + ("" if cuda else " (host transport, tiny shapes: a smoke run, not a measurement)")
-        )
-        out = Path(args.out)
-        write_json(
-            out / "layers.json",
-            {"device": device_name, "tp": tp, "iters": args.iters, "rows": rows, "cuda": cuda},
-        )
-        (out / "layers.txt").write_text(header + "\n" + table + "\n")
-        print(header)
-        print(table)
-        print(f"[layers] JSON: {out / 'layers.json'}  table: {out / 'layers.txt'}")
+        _report(rows, args, cuda, tp, time.monotonic() - t_start)
     dist.barrier()
     dist.destroy_process_group()
 
 
+def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp: int,
+            seconds: float) -> None:  # fmt: skip
+    import torch
+
+    from benchmarks.common import environment, format_table, print_paths, write_outputs
+    from benchmarks.plot import plot_times
+
+    device_name = torch.cuda.get_device_name() if cuda else "cpu (host transport)"
+    columns = [
+        ("module", "module"), ("shape", "shape"), ("tokens", "T"), ("tp", "tp"),
+        ("dtype", "dtype"), ("ms_none", "ms ub=None"), ("ms_ub", "ms ub"),
+        ("speedup", "speed-up"), ("tokens_per_s_ub", "tokens/s ub"),
+        ("peak_mb_none", "peak MiB None"), ("peak_mb_ub", "peak MiB ub"),
+        ("ub_bytes", "ub bytes/rank"),
+    ]  # fmt: skip
+    header = (
+        f"tensor-parallel layers, forward + backward, {device_name} x {tp}, median of "
+        f"{args.iters} steps, max over ranks"
+        + ("" if cuda else " (host transport, tiny shapes: a smoke run, not a measurement)")
+    )
+    summary = summarize(rows, cuda)
+    text = "\n".join([header, format_table(rows, columns), f"summary: {summary_line(summary)}"])
+    payload = {
+        "environment": environment(cuda),
+        "tp": tp,
+        "iters": args.iters,
+        "definitions": DEFINITIONS,
+        "rows": rows,
+        "summary": summary,
+    }
+    out = Path(args.out)
+    json_path, table_path = write_outputs(out, "layers", payload, text)
+    for row in rows:
+        row["floor"] = row["ms_none"]  # the plot shows ub / ub=None
+    plot = plot_times(
+        rows, ("module", "tokens", "dtype"), [("ms_ub", "ub"), ("ms_none", "ub=None")],
+        out / "layers.png", f"{header}: time / ub=None time",
+        target=1 / TARGET_SPEEDUP if cuda else None,
+    )  # fmt: skip
+    print_paths(json_path, seconds, table_path, plot)
+
+
+TARGET_SPEEDUP = 1.15  # a module with overlap against ub=None (TP 4, T = 8192)
+DEFINITIONS = {
+    "ms_ub": "median ms of forward + backward with userbuffers (initialize_ub defaults), max "
+    "over ranks",
+    "ms_none": "the same with ub=None (torch.distributed collectives, no overlap)",
+    "speedup": "ms_none / ms_ub",
+    "peak_mb_*": "torch.cuda.max_memory_allocated over the timed steps (userbuffers are not "
+    "counted: ub_bytes)",
+    "ub_bytes": "bytes of symmetric memory per rank of the handle (Userbuffers.total_bytes)",
+}
+
+
+def summarize(rows: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
+    """Rows, median / worst / best speed-up, and (GPUs) rows at the target speed-up."""
+    speedups = sorted(r["speedup"] for r in rows)
+    if not speedups:
+        return {"rows": 0}
+    return {
+        "rows": len(rows),
+        "median_speedup": statistics.median(speedups),
+        "min_speedup": speedups[0],
+        "max_speedup": speedups[-1],
+        "at_target": sum(s >= TARGET_SPEEDUP for s in speedups) if cuda else None,
+        "target": TARGET_SPEEDUP,
+    }
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """One line of :func:`summarize`'s result."""
+    if not summary.get("rows"):
+        return "no rows"
+    line = (
+        f"{summary['rows']} rows, speed-up over ub=None: median {summary['median_speedup']:.3f}"
+        f" [{summary['min_speedup']:.3f}, {summary['max_speedup']:.3f}]"
+    )
+    if summary.get("at_target") is None:
+        return line + " (host transport: timed, not measured against the target)"
+    return line + f"; {summary['at_target']}/{summary['rows']} rows >= {summary['target']}x"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.common import add_launch_arg, launch_workers
+
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.layers", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--launch", type=int, default=0, help="start N ranks under mpirun")
+    add_launch_arg(parser)
     parser.add_argument("--cuda", action="store_true", help="GPUs (cuda transport, NCCL)")
     parser.add_argument("--out", default=str(REPO / "bench_results"), help="output folder")
     parser.add_argument("--full", action="store_true", help="T = 4096, 8192 and 16384")
@@ -218,24 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args(argv)
     if args.launch:
-        import subprocess
-
-        from overlap.launch import mpirun_command
-
-        rest = [a for i, a in enumerate(sys.argv[1:]) if not _is_launch(sys.argv[1:], i)]
-        cmd = mpirun_command(
-            args.launch,
-            [sys.executable, "-u", "-m", "benchmarks.layers", *rest],
-            env={"PYTHONPATH": str(REPO)},
-            tag_output=False,
+        return launch_workers(
+            "benchmarks.layers", args.launch, sys.argv[1:] if argv is None else argv
         )
-        return subprocess.run(cmd, cwd=REPO).returncode
     run(args)
     return 0
-
-
-def _is_launch(argv: list[str], i: int) -> bool:
-    return argv[i].startswith("--launch") or (i > 0 and argv[i - 1] == "--launch")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ It runs the benchmarks of :data:`JOBS`, one after the other, each launched under
    run scaled down to tiny shapes.
 2. ``benchmarks.baseline_collectives``: overlap's all-gather / reduce-scatter beside NCCL (or
    gloo), the bootstrap and the amax kernel.
+3. ``benchmarks.layers``: the tensor-parallel modules (qkv LayerNormLinear, proj
+   RowParallelLinear, the SwiGLU LayerNormMLP), forward + backward, with userbuffers against
+   ``ub=None``; quick: Llama-3-70B-like dims at T = 8192, bf16 and fp8; ``--full``: T =
+   4096, 8192 and 16384.
 
 At the end: the overlap summary lines (on GPUs: rows within 1.10 x floor, median ratio, rows
 faster than torch / TE; on the host transport, whose floor is gloo's on tiny shapes, only the
@@ -48,6 +52,12 @@ def _overlap_summary(result: dict[str, Any]) -> list[tuple[str, str]]:
     return summary_lines(result, "overlap ops", "bulk overlap")
 
 
+def _layers_summary(result: dict[str, Any]) -> list[tuple[str, str]]:
+    from benchmarks.layers import summary_line
+
+    return [("layers", summary_line(result["summary"]))]
+
+
 @dataclass(frozen=True)
 class Job:
     """One benchmark of the main job.
@@ -80,16 +90,17 @@ JOBS = (
         summary=_overlap_summary,
     ),
     Job("collectives", "benchmarks.baseline_collectives", "baseline_collectives"),
+    Job("layers", "benchmarks.layers", "layers", table=True, summary=_layers_summary),
 )
 
 DESCRIPTION = """\
-The main job: the overlap ops and collectives benchmarks under mpirun, on all local GPUs, or on
-4 ranks of the host transport where there are none. scripts/bench.sh sets everything up, then
-runs this with its arguments."""
+The main job: the overlap ops, collectives and layers benchmarks under mpirun, on all local
+GPUs, or on 4 ranks of the host transport where there are none. scripts/bench.sh sets
+everything up, then runs this with its arguments."""
 EPILOG = """\
 outputs under --out: overlap_ops.json, overlap_ops.txt (the table), overlap_ops.png (the plot,
-with matplotlib) and baseline_collectives.json; the overlap benchmark alone, with more options:
-python -m benchmarks.overlap_ops --help"""
+with matplotlib), baseline_collectives.json, layers.json / .txt / .png; each benchmark alone,
+with more options: python -m benchmarks.overlap_ops --help, python -m benchmarks.layers --help"""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
