@@ -51,6 +51,9 @@ void register_comm(py::module_& m) {
       },
       py::arg("device"));
 
+  c.attr("max_buffer_bytes") = SymmetricBuffer::kMaxBytes;
+  c.attr("max_timeout_s") = SymmetricBuffer::kMaxTimeoutS;
+
   py::class_<SymmetricBuffer, std::shared_ptr<SymmetricBuffer>>(c, "SymmetricBuffer")
       .def(
           py::init<std::shared_ptr<Transport>, int, int, std::size_t, const std::string&, double>(),
@@ -146,7 +149,7 @@ void register_comm(py::module_& m) {
             const TensorRef out = tensor_ref_from_py(output, "copy_out output");
             b.check_ready("copy_out");
             b.check_tensor(out, "copy_out output");
-            OVERLAP_CHECK_ARG(offset + out.nbytes() <= b.bytes(),
+            OVERLAP_CHECK_ARG(offset <= b.bytes() && out.nbytes() <= b.bytes() - offset,
                               "copy_out: bytes [" << offset << ", " << offset + out.nbytes()
                                                   << ") are outside the buffer's " << b.bytes()
                                                   << " bytes");
