@@ -11,6 +11,14 @@ ready for work issued later on the same stream. A wait that passes its deadline 
 the runtime's watchdog and raised as :class:`~overlap.errors.CommTimeoutError` by the next op
 or :meth:`SymmetricBuffer.synchronize`. The host transport runs ops synchronously and raises
 at once.
+
+NOTE [failed transport] (``csrc/comm/transport.h``): once an op has started exchanging with the
+peers, a timeout, a collective mismatch or any other error in it leaves this rank's op sequence
+out of step with its peers'. The communicator is then failed (:attr:`Communicator.failed`):
+every later op on any of its buffers raises at once, with the first fault's class and message
+(:attr:`Communicator.failure`), instead of waiting out another deadline or pairing with a
+peer's other op. Destroy the communicator and its buffers and create new ones. A call rejected
+before it communicates (a bad argument) fails nothing.
 """
 
 from __future__ import annotations
@@ -83,6 +91,14 @@ class SymmetricBuffer:
     @property
     def destroyed(self) -> bool:
         return bool(self._core.destroyed)
+
+    @property
+    def epoch(self) -> int:
+        """The last epoch taken by an op on this buffer (0 before the first op). It grows with
+        every op (by one, or by more for the ops that take several: AG+GEMM, GEMM+RS, bulk
+        reduce-scatter, CUDA-graph replays) and never repeats, so it names the buffer's op
+        generation: a view read at one epoch is stale once the epoch has moved on."""
+        return int(self._core.epoch)
 
     @property
     def timeout_s(self) -> float:
@@ -197,7 +213,9 @@ class SymmetricBuffer:
 
     def synchronize(self) -> None:
         """Wait on the host for the current stream, then raise any asynchronous failure
-        (a wait that timed out) of this buffer's communicator. No-op on the host transport."""
+        (a wait that timed out) of this buffer's communicator, and its failure once
+        :attr:`Communicator.failed`. The host transport runs ops synchronously: there it only
+        raises the failure."""
         self._transport.synchronize(stream=self._current_stream())
 
     def _current_stream(self) -> int:
@@ -263,6 +281,10 @@ class SymmetricBuffer:
         already in place, where a GEMM writes them): the op then skips its data round. Every
         rank must then pass such a view, and write it only when no peer reads this buffer any
         more, e.g. after :meth:`barrier` (peers read the region until they enter the next op).
+        Any other input, and the output, must lie outside every region of the buffer (an
+        :class:`~overlap.errors.InvalidArgumentError` otherwise). Every rank must pass the same
+        dtype and shapes: a mismatch raises :class:`~overlap.errors.StateError` on the host
+        transport (best effort on cuda) and fails the communicator.
 
         Returns:
             ``output`` = sum over ranks of their rows for this rank. Every rank sums in rank
@@ -383,8 +405,24 @@ class Communicator:
             raise ConfigError(f"device {device} does not exist: {count} CUDA devices visible")
         return index
 
+    @property
+    def failed(self) -> bool:
+        """Whether this communicator failed (NOTE [failed transport] in this module's
+        docstring): after a timeout, a collective mismatch or another error in the middle of
+        an op, every op on its buffers raises at once, naming :attr:`failure`, until the
+        communicator is destroyed and a new one created. On cuda a timed-out wait counts once
+        the watchdog has found it."""
+        return bool(self._core_transport.failed)
+
+    @property
+    def failure(self) -> str | None:
+        """The message of the fault that failed this communicator (the first one), or
+        ``None`` while it works."""
+        return str(self._core_transport.failure) if self.failed else None
+
     def synchronize(self) -> None:
-        """Wait for this rank's current stream and raise any asynchronous failure."""
+        """Wait for this rank's current stream and raise any asynchronous failure (and the
+        communicator's failure, once :attr:`failed`)."""
         stream = 0
         if self.device >= 0:
             import torch

@@ -25,19 +25,41 @@ def test_host_overlap_ops(scenario: str, nprocs: int, tp: int) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize(("nprocs", "tp"), [(2, 2), (4, 4)], ids=str)
+def test_host_overlap_op_mismatch_fails_the_communicator(nprocs: int, tp: int) -> None:
+    run_workers("overlap_ops_worker.py", nprocs, ["mismatch", str(tp), "host"])
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("scenario", ["timeout", "timeout_pull", "timeout_ring"], ids=lambda s: s)
 def test_host_overlap_op_absent_rank_times_out(scenario: str) -> None:
     run_workers("overlap_ops_worker.py", 2, [scenario, "2", "host"])
 
 
+# Issue 32: after a timeout no op returns data of another op; the communicator is failed.
+@pytest.mark.mpi
+@pytest.mark.parametrize("scenario", ["ring_then_pipelined", "pieces_then_one"], ids=lambda s: s)
+def test_host_overlap_op_after_a_timeout_raises_at_once(scenario: str) -> None:
+    run_workers("overlap_ops_worker.py", 2, [scenario, "2", "host"])
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    "scenario", [*SCENARIOS, "timeout", "timeout_pull", "timeout_ring"], ids=lambda s: s
+    "scenario",
+    [
+        *SCENARIOS,
+        "timeout",
+        "timeout_pull",
+        "timeout_ring",
+        "ring_then_pipelined",
+        "pieces_then_one",
+    ],
+    ids=lambda s: s,
 )
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_cuda_overlap_ops(scenario: str, nprocs: int) -> None:
     _require_gpus(nprocs)
-    tp = 2 if scenario.startswith("timeout") else nprocs
+    tp = 2 if scenario.startswith("timeout") or "_then_" in scenario else nprocs
     run_workers("overlap_ops_worker.py", nprocs, [scenario, str(tp), "cuda"])
 
 

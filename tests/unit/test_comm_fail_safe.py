@@ -105,6 +105,7 @@ def test_a_buffer_larger_than_dev_shm_is_a_typed_error_at_creation() -> None:
     with pytest.raises(SystemResourceError, match=r"reserving .* bytes of shared memory"):
         comm.create_buffer(total + (1 << 20))
     assert not [e for e in os.listdir("/dev/shm") if comm._tag in e]
+    assert not comm.failed and comm.failure is None  # nothing communicated: nothing failed
     comm.destroy()
 
 

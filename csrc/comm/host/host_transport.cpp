@@ -110,8 +110,11 @@ class HostTransport final : public Transport {
       // Ranks may outnumber cores (tests oversubscribe): yield instead of burning a core.
       if (spins % 64 == 0) sched_yield();
       if (spins % 1024 == 0 && Clock::now() > deadline) {
-        OVERLAP_THROW(kTimeout,
-                      describe_timeout(ctx, __atomic_load_n(flag, __ATOMIC_ACQUIRE), value));
+        // NOTE [failed transport]: the peers' epochs are out of step with ours from here on.
+        const std::string what =
+            describe_timeout(ctx, __atomic_load_n(flag, __ATOMIC_ACQUIRE), value);
+        fail(ErrorKind::kTimeout, what);
+        OVERLAP_THROW(kTimeout, what);
       }
     }
   }
@@ -145,7 +148,8 @@ class HostTransport final : public Transport {
     gemm::gemm_host(a, b, d, options);
   }
 
-  void synchronize(cudaStream_t) override {}
+  // Program order: everything issued has run; only a failure is left to raise.
+  void synchronize(cudaStream_t) override { raise_if_failed(); }
 };
 
 }  // namespace
