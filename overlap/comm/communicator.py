@@ -493,7 +493,8 @@ class Communicator:
         return buf
 
     def destroy(self) -> None:
-        """Destroy every buffer this communicator created. Idempotent; not collective."""
+        """Destroy every buffer this communicator created. Idempotent; not collective. A
+        :attr:`failed` communicator stays failed: create a new one to go on."""
         for buf in reversed(self._buffers):
             buf.destroy()
         self._buffers.clear()

@@ -37,6 +37,10 @@ def test_host_overlap_op_absent_rank_times_out(scenario: str) -> None:
 
 
 # Issue 32: after a timeout no op returns data of another op; the communicator is failed.
+# Host-only: on cuda the watchdog releases the failed rank's waits so that its GPU drains, and
+# the drained op still pushes its data and signals, so the stalled peer may complete the same
+# op (NOTE [watchdog]); what cuda guarantees, later ops raising at once, the "timeout" scenario
+# of collectives_worker.py checks there.
 @pytest.mark.mpi
 @pytest.mark.parametrize("scenario", ["ring_then_pipelined", "pieces_then_one"], ids=lambda s: s)
 def test_host_overlap_op_after_a_timeout_raises_at_once(scenario: str) -> None:
@@ -45,21 +49,12 @@ def test_host_overlap_op_after_a_timeout_raises_at_once(scenario: str) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    "scenario",
-    [
-        *SCENARIOS,
-        "timeout",
-        "timeout_pull",
-        "timeout_ring",
-        "ring_then_pipelined",
-        "pieces_then_one",
-    ],
-    ids=lambda s: s,
+    "scenario", [*SCENARIOS, "timeout", "timeout_pull", "timeout_ring"], ids=lambda s: s
 )
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_cuda_overlap_ops(scenario: str, nprocs: int) -> None:
     _require_gpus(nprocs)
-    tp = 2 if scenario.startswith("timeout") or "_then_" in scenario else nprocs
+    tp = 2 if scenario.startswith("timeout") else nprocs
     run_workers("overlap_ops_worker.py", nprocs, [scenario, str(tp), "cuda"])
 
 
