@@ -217,6 +217,7 @@ class Transport {
   void record_fault(ErrorKind kind, const std::string& message) const noexcept;
 
  private:
+  // Mutable: poll_faults() records asynchronous faults from the const accessors.
   mutable std::mutex fault_mu_;
   mutable bool failed_ = false;
   mutable ErrorKind fault_kind_ = ErrorKind::kInternal;
