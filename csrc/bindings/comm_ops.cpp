@@ -111,6 +111,9 @@ comm::OverlapConfig config(int compute_lanes, int reduce_max_blocks, bool stagge
 
 void register_comm_ops(py::module_& m) {
   py::module_ c = m.def_submodule("comm_ops", "Comm-GEMM overlap ops (use overlap.ops).");
+  // The one per-tensor scale slot of a gathered FP8 shard (NOTE [ag_gemm layout]): the
+  // buffer managers' layout (overlap/buffers/layout.py) takes it from here.
+  c.attr("SCALE_SLOT_BYTES") = comm::kScaleSlotBytes;
   c.def(
       "ag_gemm_layout",
       [](int size, std::size_t shard_bytes, bool scaled) {

@@ -28,6 +28,7 @@ import itertools
 import os
 import secrets
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -40,7 +41,14 @@ from overlap.errors import BootstrapError, ConfigError, InvalidArgumentError, Ov
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Communicator", "SymmetricBuffer", "TransportKind"]
+__all__ = [
+    "Communicator",
+    "SymmetricBuffer",
+    "TransportKind",
+    "buffer_of",
+    "live_buffers",
+    "tensor_extent",
+]
 
 
 class TransportKind(enum.Enum):
@@ -56,6 +64,41 @@ def _stream_of(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
 
 
+# NOTE [buffer generation]: every tensor read out of a symmetric buffer (a gathered input, a
+# buffer manager's view) is only valid until the buffer's next op overwrites it; the buffers
+# are shared by every layer of a model (docs/design.md §3, invariant 2). One model serves the
+# ops and the buffer managers alike: a buffer knows its generation (the runtime's op epoch
+# plus the local writes announced to it) and its address ranges, and every live buffer is
+# registered here, so a reader records the generation it read at and checks it before use
+# (SymmetricBuffer.check_current), and the alias guard (overlap.buffers.saveable) finds any
+# tensor that lies in any live buffer (buffer_of). Verdict: one registry, in the lowest layer
+# that owns buffers; nothing above keeps its own.
+_LIVE: weakref.WeakSet[SymmetricBuffer] = weakref.WeakSet()
+
+
+def live_buffers() -> list[SymmetricBuffer]:
+    """The symmetric buffers of this process not destroyed yet (NOTE [buffer generation])."""
+    return [b for b in list(_LIVE) if not b.destroyed]
+
+
+def buffer_of(t: torch.Tensor) -> SymmetricBuffer | None:
+    """The live symmetric buffer whose memory ``t`` shares (any rank's region), or None."""
+    for buf in live_buffers():
+        if buf.overlaps(t):
+            return buf
+    return None
+
+
+def tensor_extent(t: torch.Tensor) -> tuple[int, int]:
+    """``[first byte, last byte + 1)`` spanned by ``t``'s elements."""
+    if t.numel() == 0:
+        return (t.data_ptr(), t.data_ptr())
+    span = 1 + sum(
+        (size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True)
+    )
+    return (t.data_ptr(), t.data_ptr() + span * t.element_size())
+
+
 class SymmetricBuffer:
     """One region per rank of a group, each rank mapping all of them. Create it with
     :meth:`Communicator.create_buffer`; free it with :meth:`destroy` (idempotent).
@@ -67,6 +110,8 @@ class SymmetricBuffer:
         self._core = core
         self._transport = transport
         self.name = name
+        self._local_writes = 0  # NOTE [buffer generation]
+        self._ranges: tuple[tuple[int, int], ...] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -99,6 +144,51 @@ class SymmetricBuffer:
         reduce-scatter, CUDA-graph replays) and never repeats, so it names the buffer's op
         generation: a view read at one epoch is stale once the epoch has moved on."""
         return int(self._core.epoch)
+
+    # ---- what lives in the buffer (NOTE [buffer generation]) -------------------------------
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the buffer's contents may have changed: every op (the
+        :attr:`epoch`) and every local write announced with :meth:`note_local_write`. A tensor
+        read out of the buffer at one generation is valid while the generation is the same."""
+        return self.epoch + self._local_writes
+
+    def note_local_write(self) -> None:
+        """A write into this rank's region outside an op (a buffer manager staging its shard):
+        views of the buffer made before it are stale."""
+        self._local_writes += 1
+
+    def check_current(self, generation: int, what: str) -> None:
+        """Raise :class:`~overlap.errors.StateError` unless the buffer is live and still at
+        ``generation`` (``what`` names the reader in the message)."""
+        if self.destroyed:
+            raise errors.StateError(f"{what}: buffer {self.name!r} was destroyed")
+        if generation != self.generation:
+            raise errors.StateError(
+                f"{what}: buffer {self.name!r} was overwritten since (generation {generation} "
+                f"-> {self.generation}: another op or write on the buffer, e.g. by another op "
+                "object sharing it). A view of a buffer is valid until its next op: copy it "
+                "before then, or save the local shard and re-gather"
+            )
+
+    @property
+    def address_ranges(self) -> tuple[tuple[int, int], ...]:
+        """``[start, end)`` of every rank's data region as mapped in this process (rank
+        order): the memory a tensor must not share to be safe to keep."""
+        if self._ranges is None:
+            import torch
+
+            starts = [
+                self.view(torch.uint8, (self.nbytes,), peer=p).data_ptr() for p in range(self.size)
+            ]
+            self._ranges = tuple((a, a + self.nbytes) for a in starts)
+        return self._ranges
+
+    def overlaps(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s elements lie (partly) in one of this buffer's regions."""
+        lo, hi = tensor_extent(t)
+        return lo < hi and any(lo < end and start < hi for start, end in self.address_ranges)
 
     @property
     def timeout_s(self) -> float:
@@ -490,6 +580,7 @@ class Communicator:
         core.finish_rendezvous()
         buf = SymmetricBuffer(core, name or f"buffer{index}", self._core_transport)
         self._buffers.append(buf)
+        _LIVE.add(buf)
         return buf
 
     def destroy(self) -> None:
