@@ -71,8 +71,11 @@ def _stream_of(t: torch.Tensor) -> int:
 # plus the local writes announced to it) and its address ranges, and every live buffer is
 # registered here, so a reader records the generation it read at and checks it before use
 # (SymmetricBuffer.check_current), and the alias guard (overlap.buffers.saveable) finds any
-# tensor that lies in any live buffer (buffer_of). Verdict: one registry, in the lowest layer
-# that owns buffers; nothing above keeps its own.
+# tensor that lies in any live buffer (buffer_of). A CUDA-graph replay re-runs the captured ops
+# with fresh epochs: the buffers it touches hold again what they held at the end of the
+# capture, so a view read then is current right after a replay (SymmetricBuffer.note_replay),
+# while generations still only grow (no value comes back to make an old view look current).
+# Verdict: one registry, in the lowest layer that owns buffers; nothing above keeps its own.
 _LIVE: weakref.WeakSet[SymmetricBuffer] = weakref.WeakSet()
 
 
@@ -112,6 +115,9 @@ class SymmetricBuffer:
         self.name = name
         self._local_writes = 0  # NOTE [buffer generation]
         self._ranges: tuple[tuple[int, int], ...] | None = None
+        # (generation at the end of a graph's capture, generation right after its latest
+        # replay): a view read at the first is current at the second (NOTE [buffer generation]).
+        self._replayed: tuple[int, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -164,13 +170,20 @@ class SymmetricBuffer:
         ``generation`` (``what`` names the reader in the message)."""
         if self.destroyed:
             raise errors.StateError(f"{what}: buffer {self.name!r} was destroyed")
-        if generation != self.generation:
+        now = self.generation
+        if generation != now and self._replayed != (generation, now):
             raise errors.StateError(
                 f"{what}: buffer {self.name!r} was overwritten since (generation {generation} "
-                f"-> {self.generation}: another op or write on the buffer, e.g. by another op "
+                f"-> {now}: another op or write on the buffer, e.g. by another op "
                 "object sharing it). A view of a buffer is valid until its next op: copy it "
                 "before then, or save the local shard and re-gather"
             )
+
+    def note_replay(self, captured: int) -> None:
+        """A CUDA graph whose capture left this buffer at generation ``captured`` was replayed
+        (overlap.CudaGraph): the buffer holds what it held then, refreshed, so views read at
+        ``captured`` are current until the next op; every other view is stale."""
+        self._replayed = (captured, self.generation)
 
     @property
     def address_ranges(self) -> tuple[tuple[int, int], ...]:

@@ -23,10 +23,12 @@ while it is being captured; buffers used by the graph must stay alive while it i
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from overlap._native import native
+from overlap.comm.communicator import live_buffers
 from overlap.errors import StateError, UnsupportedHardwareError
 
 __all__ = ["CudaGraph"]
@@ -58,6 +60,7 @@ class CudaGraph:
         self._log: Any = None
         self._stream: Any = None
         self._instantiated = False
+        self._touched: list[tuple[Any, int]] = []  # (weakref to a buffer, its generation)
 
     @property
     def torch_graph(self) -> Any:
@@ -86,6 +89,7 @@ class CudaGraph:
 
         if self._log is not None:
             raise StateError("this CudaGraph was already captured; create a new one")
+        before = {id(b): b.generation for b in live_buffers()}
         with torch.cuda.graph(self._graph, pool=self._pool, stream=stream):
             capturing = torch.cuda.current_stream()
             self._log = native().comm.begin_graph_log(stream=capturing.cuda_stream)
@@ -94,6 +98,13 @@ class CudaGraph:
             finally:
                 native().comm.end_graph_log(self._log)
         self._stream = capturing
+        # The buffers the capture touched, at the generation it left them (NOTE [buffer
+        # generation]): a replay brings them back there.
+        self._touched = [
+            (weakref.ref(b), b.generation)
+            for b in live_buffers()
+            if before.get(id(b)) != b.generation
+        ]
 
     def replay(self) -> None:
         """Launch the graph on the current stream, with fresh epochs for its ops.
@@ -116,3 +127,7 @@ class CudaGraph:
             stream=stream.cuda_stream,
         )
         self._graph.replay()
+        for ref, captured in self._touched:
+            buf = ref()
+            if buf is not None:
+                buf.note_replay(captured)
