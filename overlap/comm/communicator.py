@@ -179,6 +179,14 @@ class SymmetricBuffer:
                 "before then, or save the local shard and re-gather"
             )
 
+    @property
+    def replayed_from(self) -> int | None:
+        """The capture-end generation of the CUDA graph whose replay is the buffer's latest op,
+        or None when an op or a write came after the latest replay (or there was none)."""
+        if self._replayed is not None and self._replayed[1] == self.generation:
+            return self._replayed[0]
+        return None
+
     def note_replay(self, captured: int) -> None:
         """A CUDA graph whose capture left this buffer at generation ``captured`` was replayed
         (overlap.CudaGraph): the buffer holds what it held then, refreshed, so views read at

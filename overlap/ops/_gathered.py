@@ -96,3 +96,33 @@ def gathered_input(g: GatherState, *, check_scales: bool = True) -> torch.Tensor
         rowwise_data=data,
         rowwise_scale_inv=scales[:1],
     )
+
+
+class CallRecord:
+    """What an op's last call left in its buffer, eager or captured into a CUDA graph (NOTE
+    [buffer generation] in overlap.comm.communicator): after a replay of the graph, the buffer
+    holds the captured call's gather, not the last eager call's."""
+
+    def __init__(self) -> None:
+        self.eager: tuple[LastGather, int, bool] | None = None
+        self.captured: tuple[LastGather, int, bool] | None = None
+
+    def note(self, buffer: SymmetricBuffer, last: LastGather, kept: bool) -> None:
+        """Record a call that just ran on ``buffer`` (``kept``: it left the whole gathered
+        input there)."""
+        import torch
+
+        record = (last, buffer.generation, kept)
+        self.eager = record
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            self.captured = record
+
+    def current(self, buffer: SymmetricBuffer) -> tuple[LastGather | None, int, bool]:
+        """``(last gather, its generation, kept)`` of the call the buffer holds now: the
+        captured one right after a replay of its graph, else the latest eager one."""
+        replayed = buffer.replayed_from
+        if self.captured is not None and replayed is not None and replayed == self.captured[1]:
+            return self.captured
+        if self.eager is None:
+            return None, 0, False
+        return self.eager

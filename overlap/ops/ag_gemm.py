@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from overlap._native import native
 from overlap.errors import InvalidArgumentError, StateError
-from overlap.ops._gathered import GatherState, gathered_input, gathered_scale_invs
+from overlap.ops._gathered import CallRecord, GatherState, gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     Operand,
     check_given_buffer,
@@ -35,7 +35,7 @@ from overlap.ops._operands import (
     travels_as,
     weight_transposed,
 )
-from overlap.quantization import DirectionFormat, QuantizedTensor
+from overlap.quantization import QuantizedTensor
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -135,9 +135,7 @@ class AllGatherGemm:
         self._owns_buffer = buffer is None
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_OP, self.buffer, tp, nbytes)
-        self._last: tuple[int, torch.dtype, DirectionFormat | None] | None = None
-        self._kept = False  # whether the last call left the whole gathered input in the buffer
-        self._generation = 0  # the buffer's generation after the last call
+        self._calls = CallRecord()  # the last call's gather (and whether it kept it whole)
 
     def __call__(
         self,
@@ -279,9 +277,7 @@ class AllGatherGemm:
         )
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
         hp_dtype = x_shard.dtype if isinstance(x_shard, QuantizedTensor) else a.dtype
-        self._last = (m, hp_dtype, fmt)
-        self._generation = self.buffer.generation
-        self._kept = keep or self.pull_shards
+        self._calls.note(self.buffer, (m, hp_dtype, fmt), keep or self.pull_shards)
         return tuple(outs) if several else outs[0]
 
     def gathered_input(self, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
@@ -306,14 +302,15 @@ class AllGatherGemm:
         return gathered_scale_invs(self._gather_state())
 
     def _gather_state(self) -> GatherState:
-        if self._last is not None and not self._kept:
+        last, generation, kept = self._calls.current(self.buffer)
+        if last is not None and not kept:
             raise StateError(
                 f"{_OP}: the last call did not keep the gathered input (its own slot was not "
                 "written); pass keep_gathered=True to the call whose gathered input you need "
                 "(or construct the op with keep_gathered=True)"
             )
         return GatherState(
-            _OP, self.buffer, self.tp, self.dtype, self.in_features, self._last, self._generation
+            _OP, self.buffer, self.tp, self.dtype, self.in_features, last, generation
         )
 
     def destroy(self) -> None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from overlap._native import native
 from overlap.errors import InvalidArgumentError
-from overlap.ops._gathered import GatherState, gathered_input, gathered_scale_invs
+from overlap.ops._gathered import CallRecord, GatherState, gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     HIGH_PRECISION,
     Operand,
@@ -45,7 +45,7 @@ from overlap.ops._operands import (
     stream_of,
     travels_as,
 )
-from overlap.quantization import DirectionFormat, QuantizedTensor
+from overlap.quantization import QuantizedTensor
 
 if TYPE_CHECKING:
     import torch
@@ -235,8 +235,7 @@ class AllGatherBesideGemm:
         self._owns_buffer = buffer is None
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_AG, self.buffer, tp, nbytes)
-        self._last: tuple[int, torch.dtype, DirectionFormat | None] | None = None
-        self._generation = 0  # the buffer's generation after the last call
+        self._calls = CallRecord()  # the last call's gather
 
     def __call__(
         self,
@@ -297,8 +296,7 @@ class AllGatherBesideGemm:
             stream=stream_of(self.device),
         )
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
-        self._last = (m, x_shard.dtype, fmt)
-        self._generation = self.buffer.generation
+        self._calls.note(self.buffer, (m, x_shard.dtype, fmt), True)
         return g["out"]
 
     def gathered_input(self, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
@@ -322,8 +320,9 @@ class AllGatherBesideGemm:
         return gathered_scale_invs(self._gather_state())
 
     def _gather_state(self) -> GatherState:
+        last, generation, _ = self._calls.current(self.buffer)
         return GatherState(
-            _AG, self.buffer, self.tp, self.dtype, self.in_features, self._last, self._generation
+            _AG, self.buffer, self.tp, self.dtype, self.in_features, last, generation
         )
 
     def destroy(self) -> None:
