@@ -274,9 +274,11 @@ def test_bad_selection_fails_cleanly(tmp_path: Path, args: list[str], message: s
 def test_main_command_on_the_host_transport(tmp_path: Path) -> None:
     """``python -m benchmarks.run`` (what scripts/bench.sh runs) without GPUs."""
     done = _run(["benchmarks.run", "--transport", "host", "--nprocs", "4", "--out", str(tmp_path)])
-    for name in ("overlap_ops.json", "overlap_ops.txt", "baseline_collectives.json"):
+    names = ("overlap_ops.json", "overlap_ops.txt", "baseline_collectives.json")
+    for name in (*names, "layers.json", "layers.txt", "transformer.json", "transformer.txt"):
         assert (tmp_path / name).exists(), name
-    tail = done.stdout.splitlines()[-7:]
+    # The closing lines: every job's summary, then the paths.
+    tail = done.stdout[done.stdout.rindex("[bench] overlap ops: ") :].splitlines()
     assert any(
         line.startswith("[bench] overlap ops: 4/4 rows timed; none counted") for line in tail
     )
@@ -285,6 +287,9 @@ def test_main_command_on_the_host_transport(tmp_path: Path) -> None:
     )
     assert f"[bench] overlap ops JSON: {tmp_path / 'overlap_ops.json'}" in tail
     assert any(line.startswith("[bench] overlap ops plot: ") for line in tail)
+    assert any(line.startswith("[bench] layers: 6 rows") for line in tail), tail
+    assert any(line.startswith("[bench] transformer layer: 2 rows") for line in tail), tail
+    assert f"[bench] transformer layer JSON: {tmp_path / 'transformer.json'}" in tail
 
 
 @pytest.mark.mpi
