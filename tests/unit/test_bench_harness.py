@@ -125,7 +125,7 @@ def test_te_reference_only_on_matching_gpu_rows() -> None:
     # a Llama row with K == N (none in the suite) does not borrow TE's time
     fake = {"op": "ag_gemm", "shape": "fc1", "M": 8192, "K": 8192, "N": 8192, "tp": 4}
     assert bench.te_reference({**fake, "dtype": "bf16"}, cuda=True) is None
-    # TE's own floor: on exactly the same rows, max of its T_gemm and T_comm (DESIGN.md §6)
+    # TE's own floor: on exactly the same rows, max of its T_gemm and T_comm (docs/design.md §6)
     assert set(bench.TE_FLOOR_4XH200) == set(bench.TE_BEST_4XH200)
     floors = {_key(r): bench.te_floor_reference(r, cuda=True) for r in rows}
     assert {k for k, v in floors.items() if v is not None} == {_key(r) for r in with_ref}
