@@ -230,7 +230,7 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // pushes and was not kept (docs/performance-log.md [no ring forwarding]). A bidirectional ring
 // shortens the chain of hops, not the bytes each GPU receives (n - 1 shards, one at a time:
 // NOTE [serial puts]), so it cannot beat the direct pushes either.
-// direct pushes either.
+//
 // NOTE [ag_gemm vs torch]: torch's async-TP (a barrier kernel, its shard copied in alone, a
 // barrier, then each peer's shard pulled under one chunk GEMM) was faster on the qkv FP8 rows
 // at TP 4. CUPTI timelines showed the same chunk GEMMs on both sides, but our copies slower
