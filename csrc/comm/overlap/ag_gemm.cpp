@@ -222,27 +222,19 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // begin_op) finished reading them (NOTE [buffer reuse]).
 //
 // NOTE [no ring forwarding]: TransformerEngine's ring exchange forwards every chunk neighbour to
-// neighbour (n - 1 hops for the last one), and its bidirectional variant halves the hops. Here
-// every shard goes straight to its destination in one hop; with staggered_puts the steps are
-// the same as a ring's (at step s, rank r gets r-s's shard) without the forwarding's flag wait
-// per hop. A true ring (step s forwarding chunk r-s+1 to r+1 as each piece landed, so no
-// receiver ever has two senders, whatever the ranks' skew) measured the same as the direct
-// pushes and was not kept (docs/performance-log.md [no ring forwarding]). A bidirectional ring
-// shortens the chain of hops, not the bytes each GPU receives (n - 1 shards, one at a time:
-// NOTE [serial puts]), so it cannot beat the direct pushes either.
+// neighbour (n - 1 hops for the last one; its bidirectional variant halves the hops). Here every
+// shard goes straight to its destination in one hop; with staggered_puts the steps are a ring's (at
+// step s, rank r gets r-s's shard) without a flag wait per hop. A true ring measured the same and
+// was not kept (docs/performance-log.md [no ring forwarding]); a bidirectional one shortens the
+// chain of hops, not the bytes each GPU receives (n - 1 shards, one at a time: NOTE [serial puts]).
 //
-// NOTE [ag_gemm vs torch]: torch's async-TP (a barrier kernel, its shard copied in alone, a
-// barrier, then each peer's shard pulled under one chunk GEMM) was faster on the qkv FP8 rows
-// at TP 4. CUPTI timelines showed the same chunk GEMMs on both sides, but our copies slower
-// beside them and our chunk GEMMs waiting for late chunks. Ruled out as the cause: the own
-// slot's copy beside the pushes, the FP8 scale_inv copies, the order alone (pulls in torch's
-// order), one watchdog marker per op, SM copies for part of each push (NOTE [sm puts]: slower,
-// they wait for SMs the GEMMs hold), an up-front wait for every acknowledgement, and a GEMM
-// running beside a copy as such. The cause was the buffer's allocation size: the shard slots'
-// whole MiB plus the 64-byte tail of FP8 scale slots slowed every copy into or out of the
-// region (NOTE [allocation granularity] in cuda_memory.h); with regions rounded to 2 MiB the
-// staggered pushes match or beat torch on those rows. Measured: docs/performance-log.md
-// [ag_gemm vs torch].
+// NOTE [ag_gemm vs torch]: torch's async-TP (a barrier, its shard copied in alone, a barrier, each
+// peer's shard pulled under one chunk GEMM) was faster on the qkv FP8 rows at TP 4 until regions
+// were rounded to 2 MiB (NOTE [allocation granularity] in cuda_memory.h): the 64-byte tail of FP8
+// scale slots slowed every copy touching the region. Since then the staggered pushes match or beat
+// it. Ruled out on the way, among others: the own slot's copy, the scale_inv copies, the order
+// alone, and SM copies for part of each push (NOTE [sm puts]: slower, they wait for SMs the GEMMs
+// hold). Measured: docs/performance-log.md [ag_gemm vs torch].
 //
 // Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
 // landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
@@ -300,13 +292,9 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial puts]
   // in symmetric_buffer.h); otherwise a set of lanes per peer. Then, with keep_gathered, one lane
   // for our own slot's copy. The put lanes announce each piece and copy the FP8 scale_inv
-  // themselves. Tried and not kept, none faster: an announcement lane (its event edges waited
-  // behind the chunk GEMMs) or a signal lane of its own (NOTE [bulk signal lane] in bulk.cpp);
-  // the scale_inv copies on the own lane, as a one-block SM copy (it waits for SMs the GEMMs
-  // hold), batched with the shard (cudaMemcpyBatchAsync) or published by a handshake kernel in
-  // begin_op (skipping them altogether gained only 2%); pulls whose handshakes were stream
-  // memory operations (with handshake kernels they are config.pull_shards, NOTE [ag_gemm
-  // pulls]). Measured: docs/performance-log.md [ag_gemm put lanes].
+  // themselves: an announcement or signal lane (its event edges wait behind the chunk GEMMs), the
+  // scale_inv on another lane, in an SM kernel or in begin_op's handshake were no faster, nor were
+  // pulls with stream-memop handshakes (docs/performance-log.md [ag_gemm put lanes]).
   const bool serial = config.staggered_puts;
   const int put_lanes = serial ? split : std::max(1, (n - 1) * split);
   const int own_lane = lanes_c + put_lanes;

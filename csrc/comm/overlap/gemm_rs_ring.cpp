@@ -301,14 +301,12 @@ struct RingSchedule {
 //   pull  |                     | wait (0,0) of r-1 | pull (0,0) | wait (0,1) | pull (0,1) | ...
 // clang-format on
 //
-// Why: a push is announced by a signal on the put lane behind its copy (the signal's memory barrier
-// waits for the copy), then awaited and copied into place by the receiver, so in a CUPTI timeline a
-// piece's GEMM on the receiving rank started long after the push ended, and each push long after
-// its GEMM. A signal right after a GEMM on the compute lane is seen by the peer's waiting pull lane
-// within a few microseconds (the pipelined gemm_rs's timelines), so a piece is ready about one copy
-// after its GEMM. The pulls were the fastest GEMM+RS method on most rows at TP 2 (initialize_ub's
-// default there, NOTE [ub tp 2] in overlap/ub.py) and on few at TP 4. Measured:
-// docs/performance-log.md [gemm_rs_ring pulls].
+// Why: a push is announced by a signal behind its copy on the put lane, then awaited and copied
+// into place by the receiver, so in CUPTI timelines a piece's GEMM on the receiving rank started
+// long after the push ended. A signal right after the GEMM on the compute lane reaches the peer's
+// waiting pull lane within microseconds, so a piece is ready about one copy after its GEMM. Fastest
+// GEMM+RS method on most TP 2 rows (initialize_ub's default there, NOTE [ub tp 2] in
+// overlap/ub.py), on few at TP 4 (docs/performance-log.md [gemm_rs_ring pulls]).
 //
 // NOTE [gemm_rs_ring numerics]: chunk c's result is (((p_{c+1} + p_{c+2}) + ...) + p_c), summed
 // in ring order from rank c+1 (so the order differs per chunk, deterministically). Each GEMM
