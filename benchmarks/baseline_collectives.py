@@ -2,7 +2,7 @@
 
 On GPUs: NCCL all-gather and reduce-scatter bus bandwidth for 8-256 MB next to overlap's
 cuda-transport all-gather (the data by copy engines, no SM; two one-block handshake kernels)
-and reduce-scatter (DESIGN.md §6 target: ours >= 95% of NCCL), plus the amax kernel's
+and reduce-scatter (docs/design.md §6 target: ours >= 95% of NCCL), plus the amax kernel's
 bandwidth. On the host transport: gloo all-gather next to overlap's own host-transport
 all-gather and reduce-scatter, and the bootstrap's allgather latency.
 

@@ -1,4 +1,16 @@
-"""Timing and reporting helpers shared by the benchmarks (DESIGN.md §6 protocol).
+"""What the benchmarks share (the docs/design.md §6 protocol), for every benchmark module of
+``benchmarks/`` (the overlap ops today; whole layers next):
+
+* launching: :func:`add_launch_arg` / :func:`launch_workers` (``--launch N`` reruns the module
+  on N ranks under mpirun), :func:`mpirun_module` (what ``benchmarks.run`` starts);
+* timing: :func:`time_op` (one call, median of the timed iterations), :func:`time_in_passes`
+  (several calls in alternating passes), :func:`add_timing_args` / :func:`check_timing_args`
+  (``--iters``, ``--warmup``, ``--timing``, ``--heat-ms``, ``--passes``) and
+  :class:`RankTimer` (those settings, the maximum over ranks, the JSON's ``timing``);
+* collectives of the harness: :func:`max_over_ranks`, :func:`first_error`;
+* reporting: :class:`Progress` lines, :func:`environment` (the JSON's machine fields),
+  :func:`format_table`, :func:`write_outputs` (JSON and table), :func:`plot_times` (PNG) and
+  :func:`print_paths`.
 
 Times are medians of >= 20 timed iterations after warm-up, measured with CUDA events on GPUs
 (wall clock on the host transport), then the maximum over ranks.
@@ -6,14 +18,24 @@ Times are medians of >= 20 timed iterations after warm-up, measured with CUDA ev
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
+import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks.plot import plot_times  # noqa: F401 (re-exported: one import point)
+from overlap.launch import mpirun_command
+
+REPO = Path(__file__).resolve().parents[1]
+TIMING_MODES = ("e2e", "gpu", "sustained")
 
 # GPU clock cycles per millisecond of the spin queued by time_op(queued=True) (H100/H200 SM
 # clocks are about 2 GHz; at lower clocks the spin only lasts longer).
@@ -228,6 +250,130 @@ def timing_protocol(
     }
 
 
+PASSES_NOTE = (
+    "every time of a row is the median over this many passes, each timing all of the row's "
+    "calls once, odd passes in reverse order (NOTE [timing passes] in benchmarks/common.py)"
+)
+
+
+def add_timing_args(parser: argparse.ArgumentParser) -> None:
+    """The timing options of a benchmark worker (check them with :func:`check_timing_args`;
+    the parser needs a ``--cuda`` flag too)."""
+    parser.add_argument("--iters", type=int, default=None, help="default: 20 (cuda), 3 (host)")
+    parser.add_argument("--warmup", type=int, default=None, help="default: 5 (cuda), 1 (host)")
+    parser.add_argument(
+        "--timing",
+        choices=TIMING_MODES,
+        default="gpu",
+        help="gpu (default): ranks aligned by a device-side barrier, each call queued behind a "
+        "GPU spin (the GPU's time alone); e2e: CUDA events on an idle GPU, host enqueueing "
+        "included where it is longer than the GPU's start; sustained: gpu, each call first run "
+        "back to back for --heat-ms (the clocks of a GPU under sustained load); without --cuda: "
+        "the wall clock (host transport)",
+    )
+    parser.add_argument(
+        "--heat-ms",
+        type=float,
+        default=50.0,
+        help="with --timing sustained: ms of back-to-back calls before the timed ones "
+        "(default: 50)",
+    )
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=None,
+        help="time each row's calls in this many passes, odd ones in reverse order, and keep "
+        "the median (NOTE [timing passes]); default: 2 (cuda), 1 (host)",
+    )
+
+
+def check_timing_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Rejects impossible timing options (``parser.error``) and fills in the defaults of
+    ``--iters``, ``--warmup`` and ``--passes`` for the transport (``args.cuda``)."""
+    if args.timing == "sustained" and not args.cuda:
+        parser.error("--timing sustained heats GPUs: it needs --cuda")
+    if not 0 < args.heat_ms <= 10_000:
+        parser.error(f"--heat-ms must be in (0, 10000], got {args.heat_ms}")
+    args.iters = args.iters or (20 if args.cuda else 3)
+    args.warmup = args.warmup if args.warmup is not None else (5 if args.cuda else 1)
+    args.passes = args.passes or (2 if args.cuda else 1)
+    if args.iters < 1 or args.warmup < 0 or args.passes < 1:
+        parser.error("--iters and --passes must be >= 1 and --warmup >= 0")
+
+
+class RankTimer:
+    """``timer(call, host)``: the milliseconds of ``call`` by :func:`time_op` with a
+    benchmark's timing settings, the maximum over ranks. COLLECTIVE over torch.distributed's
+    world: every rank times the same calls in the same order. On GPUs it also appends the
+    host's time to enqueue one call (ms, the maximum over ranks) to the list ``host`` where
+    one is given (NOTE [host-bound rows] in benchmarks/overlap_ops.py); the host transport's
+    calls are synchronous, so there it appends nothing.
+
+    Build it once torch.distributed is up: in the ``gpu`` and ``sustained`` modes every timed
+    run starts with a device-side barrier of the whole world (``align``), since all TP groups
+    run each call at once (NOTE [TP below the world size] in benchmarks/overlap_ops.py).
+    """
+
+    def __init__(
+        self,
+        *,
+        cuda: bool,
+        warmup: int,
+        iters: int,
+        timing: str = "gpu",
+        passes: int = 1,
+        heat_ms: float = 0.0,
+    ) -> None:
+        self.cuda, self.warmup, self.iters, self.passes = cuda, warmup, iters, passes
+        self.queued = cuda and timing in ("gpu", "sustained")
+        self.heat_ms = heat_ms if cuda and timing == "sustained" else 0.0
+        self.align = device_barrier() if self.queued else None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RankTimer:
+        """From the options of :func:`add_timing_args` (after :func:`check_timing_args`)."""
+        return cls(
+            cuda=args.cuda,
+            warmup=args.warmup,
+            iters=args.iters,
+            timing=args.timing,
+            passes=args.passes,
+            heat_ms=args.heat_ms,
+        )
+
+    def __call__(self, fn: Callable[[], object], host: list[float] | None = None) -> float:
+        enqueue: list[float] = []
+        ms = time_op(
+            fn,
+            cuda=self.cuda,
+            warmup=self.warmup,
+            iters=self.iters,
+            queued=self.queued,
+            align=self.align,
+            host_ms=enqueue,
+            heat_ms=self.heat_ms,
+            agree=lambda n: int(max_over_ranks(n)),
+        )
+        if self.cuda and host is not None:  # NOTE [host-bound rows]
+            host.append(max_over_ranks(enqueue[0]))
+        return max_over_ranks(ms)
+
+    def protocol(self) -> dict[str, Any]:
+        """The JSON's ``timing`` entry: :func:`timing_protocol` and the passes."""
+        return {
+            **timing_protocol(
+                cuda=self.cuda,
+                queued=self.queued,
+                warmup=self.warmup,
+                iters=self.iters,
+                aligned=self.queued,
+                heat_ms=self.heat_ms,
+            ),
+            "passes": self.passes,
+            "passes_note": PASSES_NOTE,
+        }
+
+
 class Progress:
     """Progress lines on stderr for long sweeps: ``[label] i/N message | elapsed, ETA``.
 
@@ -276,6 +422,79 @@ def max_over_ranks(value: float) -> float:
     return max(out)
 
 
+def first_error(error: str | None) -> str | None:
+    """COLLECTIVE over the world: the lowest rank's error, or None when every rank is fine
+    (so that every rank skips, or times, something together)."""
+    import torch.distributed as dist
+
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return next((f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None), None)
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, the message cut to 300 characters (for n/a notes)."""
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+# --- launching ---------------------------------------------------------------------------------
+
+
+def add_launch_arg(parser: argparse.ArgumentParser) -> None:
+    """``--launch N``: see :func:`launch_workers`."""
+    parser.add_argument(
+        "--launch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start N ranks under mpirun, each running the same options without --launch "
+        "(without it, this process is one rank of a job that mpirun started)",
+    )
+
+
+def mpirun_module(nprocs: int, module: str, args: Sequence[str]) -> list[str]:
+    """The command running ``python -m module args`` on ``nprocs`` local ranks under mpirun
+    (overlap.launch.mpirun_command: the no-multicast variables included), with the repository
+    on ``PYTHONPATH`` and untagged output."""
+    return mpirun_command(
+        nprocs,
+        [sys.executable, "-u", "-m", module, *args],
+        env={"PYTHONPATH": str(REPO)},
+        tag_output=False,
+    )
+
+
+def launch_workers(module: str, nprocs: int, argv: Sequence[str]) -> int:
+    """Runs ``module`` with ``argv`` less ``--launch N`` on ``nprocs`` ranks under mpirun;
+    returns mpirun's exit status."""
+    argv = list(argv)
+    worker_argv = [a for i, a in enumerate(argv) if not _is_launch_arg(argv, i)]
+    return subprocess.call(mpirun_module(nprocs, module, worker_argv), env=os.environ.copy())
+
+
+def _is_launch_arg(argv: Sequence[str], i: int) -> bool:
+    """``--launch N`` / ``--launch=N`` (the launcher's own option, not the workers')."""
+    return argv[i].startswith("--launch") or (i > 0 and argv[i - 1] == "--launch")
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+
+def environment(cuda: bool) -> dict[str, Any]:
+    """What a benchmark's JSON says about the machine: ``host``, ``gpu`` (None on the host
+    transport), ``torch`` and ``overlap_build``."""
+    import torch
+
+    from overlap.info import summary
+
+    return {
+        "host": platform.node(),
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "torch": torch.__version__,
+        "overlap_build": summary(),
+    }
+
+
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
     """A fixed-width text table; ``columns`` are (key, header) pairs."""
     cells = [[h for _, h in columns]]
@@ -300,89 +519,20 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def plot_times(
-    rows: Sequence[dict[str, Any]],
-    label_keys: Sequence[str],
-    series: Sequence[tuple[str, str]],
-    path: Path,
-    title: str,
-    *,
-    hatched: Sequence[str] = (),
-    target: float = 1.10,
-    rows_per_panel: int = 16,
-    y_max: float = 3.0,
-) -> Path | None:
-    """A grouped bar chart (PNG) of times per row: one group per row (labelled by
-    ``label_keys``), one bar per ``series`` entry (key, legend label), values normalised to
-    the row's ``floor`` when it has one, with lines at 1.0 (the floor) and ``target``.
+def write_outputs(
+    out_dir: Path, name: str, payload: dict[str, Any], text: str
+) -> tuple[Path, Path]:
+    """Writes ``payload`` to ``out_dir/<name>.json`` and ``text`` (the table with its notes) to
+    ``out_dir/<name>.txt``, prints ``text``; returns (JSON path, table path)."""
+    json_path = out_dir / f"{name}.json"
+    write_json(json_path, payload)
+    table_path = out_dir / f"{name}.txt"
+    table_path.write_text(text + "\n")
+    print("\n" + text, flush=True)
+    return json_path, table_path
 
-    Series in ``hatched`` are drawn hatched (references not measured by this run); series
-    without any value are left out; long sweeps are cut into panels of ``rows_per_panel``
-    rows, stacked; normalised bars above ``y_max`` are clipped and labelled with their value.
-    Returns ``path``, or None (with a printed reason) when matplotlib is not installed."""
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
-        print(f"[plot] matplotlib is not installed: no plot at {path}")
-        return None
-
-    def value(r: dict[str, Any], key: str) -> float | None:
-        v, floor = r.get(key), r.get("floor")
-        if not isinstance(v, (int, float)):
-            return None
-        return v / floor if floor else float(v)
-
-    # (colour index, key, legend) of the series with a value: a series keeps its colour
-    active = [(c, k, leg) for c, (k, leg) in enumerate(series) if any(value(r, k) for r in rows)]
-    normalised = any(r.get("floor") for r in rows)
-    panels = [rows[i : i + rows_per_panel] for i in range(0, len(rows), rows_per_panel)] or [[]]
-    width = 0.8 / max(1, len(active))
-    fig_w = max(6.0, 0.22 * min(len(rows), rows_per_panel) * (len(active) + 1))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(fig_w, 3.2 * len(panels)), squeeze=False)
-    for ax, panel in zip(axes[:, 0], panels, strict=True):
-        top = 0.0
-        for i, (colour, key, _) in enumerate(active):
-            xs, ys = [], []
-            for j, r in enumerate(panel):
-                v = value(r, key)
-                if v is not None:
-                    xs.append(j + (i - (len(active) - 1) / 2) * width)
-                    ys.append(v)
-            shown = [min(y, y_max) for y in ys] if normalised else ys
-            ax.bar(
-                xs,
-                shown,
-                width=width,
-                color=f"C{colour}",
-                hatch="//" if key in hatched else None,
-                alpha=0.6 if key in hatched else 1.0,
-            )
-            for x, y in zip(xs, ys, strict=True):
-                if normalised and y > y_max:
-                    ax.text(x, y_max, f"{y:.1f}", ha="center", va="bottom", fontsize=6)
-            top = max([top, *shown])
-        if normalised:
-            ax.axhline(1.0, color="black", linewidth=0.8)
-            ax.axhline(target, color="gray", linewidth=0.8, linestyle="--")
-            ax.set_ylim(0, max(target, top) * 1.12)
-        labels = ["\n".join(str(r[k]) for k in label_keys) for r in panel]
-        ax.set_xticks(range(len(panel)), labels, fontsize=7)
-        ax.set_xlim(-0.6, max(len(panel), 4) - 0.4)
-        ax.set_ylabel("time / floor" if normalised else "ms")
-    axes[0, 0].set_title(title, fontsize=9)
-    handles = [
-        Patch(
-            facecolor=f"C{c}", label=leg, **({"hatch": "//", "alpha": 0.6} if k in hatched else {})
-        )
-        for c, k, leg in active
-    ]
-    axes[0, 0].legend(handles=handles, fontsize=7, loc="upper right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+def print_paths(json_path: Path, seconds: float, table_path: Path, plot: Path | None) -> None:
+    """The closing lines of a benchmark: where its JSON, table and plot are."""
+    print(f"\nJSON: {json_path} ({seconds:.0f} s)\ntable: {table_path}")
+    print(f"plot: {plot}" if plot is not None else "plot: none (matplotlib not installed)")

@@ -1,4 +1,4 @@
-"""overlap's cuBLASLt GEMM against torch on one GPU, over the DESIGN.md §6 shape suite:
+"""overlap's cuBLASLt GEMM against torch on one GPU, over the docs/design.md §6 shape suite:
 the heuristic's first algorithm vs the autotuned one vs torch, side by side.
 
 For every op of the suite (AG+GEMM fc1/qkv, GEMM+RS fc2/proj; and at M = 8192 TransformerEngine's
@@ -60,7 +60,7 @@ TARGET_PCT = 98.0  # issue 4: ours >= 98% of torch's throughput on every row
 HIDDEN, FFN, QKV = 8192, 28672, 10240  # Llama-3-70B-like: GQA 64 q + 2 * 8 kv heads of 128
 
 
-TE_HIDDEN, TE_TOKENS = (8192, 4096), 8192  # TransformerEngine's shapes (DESIGN.md §6)
+TE_HIDDEN, TE_TOKENS = (8192, 4096), 8192  # TransformerEngine's shapes (docs/design.md §6)
 
 
 def suite(tp: int, m_total: int) -> list[tuple[str, int, int]]:

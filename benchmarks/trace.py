@@ -10,7 +10,7 @@ barrier's skew even where a host queued its spin late and its calls start later;
 per-call breakdown per rank: the
 span, the time in kernels and in copies (they overlap each other), and the idle time (no
 kernel and no copy running). That is how a row that misses its target gets explained
-(DESIGN.md §6: "where a row misses, say why").
+(docs/design.md §6: "where a row misses, say why").
 """
 
 from __future__ import annotations

@@ -713,6 +713,17 @@ class Userbuffers:
         _check_name(name)
         return name in self._ops
 
+    def method(self, name: str) -> OverlapMethod:
+        """The method GEMM ``name`` runs (``NONE`` when it is not overlapped)."""
+        _check_name(name)
+        return self._gemms[name].method  # type: ignore[return-value]
+
+    def fp8(self, name: str) -> bool:
+        """Whether GEMM ``name``'s op was built for FP8 inputs (its buffer sized for FP8
+        shards)."""
+        _check_name(name)
+        return bool(self._gemms[name].fp8)
+
     def get(self, name: str) -> UbOp:
         """The op object of GEMM ``name`` (``"qkv_fprop"``...): an
         :class:`~overlap.ops.AllGatherGemm` (``RING_AG``), a

@@ -10,7 +10,9 @@
 # kernels (quantization/reduction kernel bandwidth), gemm (GEMM vs torch), quant-gpu (the
 # CUDA quantization kernels' tests), ops-cuda and ops-bench (the overlap ops' multi-rank
 # tests and benchmark on all local GPUs; ops-bench-full: the whole docs/design.md §6 suite, give it
-# STEP_TIMEOUT_S=900), graphs-cuda (CUDA graphs of comm ops). Every step writes
+# STEP_TIMEOUT_S=900), graphs-cuda (CUDA graphs of comm ops), layers-cuda and layers-bench
+# (the tensor-parallel layers' multi-rank tests and benchmark on all local GPUs;
+# LAYERS_BENCH_ARGS adds options, e.g. "--full"). Every step writes
 # its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S, default 300 s); a short summary
 # table is printed last.
 set -uo pipefail
@@ -56,6 +58,10 @@ for s in "${STEPS[@]}"; do
     dist-cuda) step dist dist.log "${PYTEST[@]}" tests/distributed/test_collectives.py -k cuda ;;
     buffers-cuda) step buffers buffers.log "${PYTEST[@]}" tests/distributed/test_buffers.py -k cuda ;;
     ops-cuda) step ops ops.log "${PYTEST[@]}" tests/distributed/test_overlap_ops.py -k cuda ;;
+    layers-cuda) step layers layers.log "${PYTEST[@]}" tests/distributed/test_layers.py -k cuda ;;
+    layers-bench)
+      step layersb layersbench.log "$PY" -m benchmarks.layers --launch "$(nvidia-smi -L | wc -l)" \
+        --cuda --out "$LOG" ${LAYERS_BENCH_ARGS:-} ;;
     graphs-cuda) step graphs graphs.log "${PYTEST[@]}" tests/distributed/test_graphs.py ;;
     quant-gpu) step quant quant.log "${PYTEST[@]}" tests/unit/test_quantize_gpu.py tests/unit/test_overlap_ops.py ;;
     ops-bench)
@@ -73,7 +79,7 @@ done
 echo
 echo "== gpu_check summary =="
 printf '%s\n' "${summary[@]}"
-for f in unit dist buffers quant ops graphs; do
+for f in unit dist buffers quant ops graphs layers; do
   [ -f "$LOG/$f.log" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG/$f.log" | tail -n 12
 done
 exit 0

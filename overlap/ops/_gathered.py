@@ -50,9 +50,14 @@ def gathered_scale_invs(g: GatherState) -> torch.Tensor:
     return g.buffer.view(torch.float32, (g.tp, 4), offset=int(scale_offset))[:, 0]
 
 
-def gathered_input(g: GatherState) -> torch.Tensor | QuantizedTensor:
+def gathered_input(g: GatherState, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
     """The last call's gathered ``[tp * m, k]`` input, a view of the buffer (FP8: a
-    :class:`QuantizedTensor` with the one scale_inv every rank's shard must share).
+    :class:`QuantizedTensor` with the one scale_inv every rank's shard must share, a view of
+    rank 0's scale slot).
+
+    ``check_scales=False`` skips the check that every shard's scale_inv is the same (it reads
+    them on the host: a device sync on cuda), for callers that quantized the shards with an
+    amax reduced over the group, which makes them equal by construction.
 
     Raises:
         StateError: before the first call, or FP8 shards whose scale_invs differ.
@@ -61,11 +66,12 @@ def gathered_input(g: GatherState) -> torch.Tensor | QuantizedTensor:
         raise StateError(f"{g.op}: gathered_input() before the first call")
     m, hp_dtype, fmt = g.last
     rows = g.tp * m
-    data = g.buffer.view(g.dtype, (rows, g.k))
+    # The shards' own encoding (an E5M2 gradient may travel in an E4M3 op's buffer).
+    data = g.buffer.view(g.dtype if fmt is None else fmt.fp8.torch_dtype, (rows, g.k))
     if fmt is None:
         return data
     scales = gathered_scale_invs(g)
-    if not bool((scales == scales[0]).all()):
+    if check_scales and not bool((scales == scales[0]).all()):
         raise StateError(
             f"{g.op}: the ranks' shards have different scale_inv values "
             f"({scales.tolist()}); a gathered per-tensor FP8 tensor needs one (quantize with "

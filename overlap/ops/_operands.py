@@ -24,6 +24,29 @@ def is_fp8(dtype: torch.dtype) -> bool:
     return str(dtype) in FP8
 
 
+def travels_as(dtype: torch.dtype, op_dtype: torch.dtype) -> bool:
+    """Whether a shard of ``dtype`` fits an op whose buffer was sized for ``op_dtype``: the
+    same dtype, or any FP8 encoding on an FP8 op (E5M2 gradients travel in the buffer of an
+    E4M3 layer: both take one byte, and the encoding is the tensor's, not the buffer's)."""
+    return dtype == op_dtype or (is_fp8(dtype) and is_fp8(op_dtype))
+
+
+#: How an op's weight is stored: ``"nk"``, a linear layer's ``[N, K]`` weight used transposed
+#: (``Y = X W^T``), or ``"kn"``, a ``[K, N]`` matrix used as it is (``Y = X W``; e.g. dgrad
+#: ``dX = dY W`` with the layer's own weight, no transposed copy). FP8 GEMMs on Hopper take
+#: ``"nk"`` only (cuBLASLt's FP8 kernels are TN).
+WEIGHT_LAYOUTS = ("nk", "kn")
+
+
+def weight_transposed(op: str, layout: str) -> bool:
+    """``transb`` of the native op for a weight layout (checked)."""
+    if layout not in WEIGHT_LAYOUTS:
+        raise InvalidArgumentError(
+            f"{op}: weight_layout must be one of {WEIGHT_LAYOUTS}, got {layout!r}"
+        )
+    return layout == "nk"
+
+
 def split_operand(op: str, name: str, x: object) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``x`` as (2-D data, scale_inv or None), checked before any communication."""
     import torch
@@ -136,10 +159,12 @@ def gemm_kwargs(
     sm_count: int,
     compute_lanes: int,
     device: torch.device,
+    transb: bool = True,
 ) -> dict[str, object]:
-    """The keyword arguments every native overlap op takes (a linear layer: weight [N, K])."""
+    """The keyword arguments every native overlap op takes (``transb``: the weight is stored
+    ``[N, K]``, a linear layer's; see :data:`WEIGHT_LAYOUTS`)."""
     return {
-        "transb": True,
+        "transb": transb,
         "a_scale_inv": scale_invs[0],
         "b_scale_inv": scale_invs[1],
         "alpha": float(alpha),

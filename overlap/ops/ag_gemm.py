@@ -32,6 +32,8 @@ from overlap.ops._operands import (
     is_fp8,
     op_device,
     split_operand,
+    travels_as,
+    weight_transposed,
 )
 from overlap.quantization import DirectionFormat, QuantizedTensor
 
@@ -149,6 +151,7 @@ class AllGatherGemm:
         fast_accum: bool | None = None,
         sm_count: int = 0,
         keep_gathered: bool | None = None,
+        weight_layout: str = "nk",
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """COLLECTIVE: ``Y = epilogue(alpha * AllGather(x_shard) @ weight.T + bias)``.
 
@@ -158,13 +161,15 @@ class AllGatherGemm:
 
         Args:
             x_shard: this rank's ``[m, K]`` rows (contiguous), of the op's ``dtype``; FP8 as
-                a :class:`QuantizedTensor` with rowwise per-tensor data: its scale_inv
-                travels with it and chunk ``j``'s GEMM uses rank ``j``'s scale_inv.
+                a :class:`QuantizedTensor` with rowwise per-tensor data (E4M3 or E5M2 on an
+                op of either FP8 dtype): its scale_inv travels with it and chunk ``j``'s GEMM
+                uses rank ``j``'s scale_inv.
                 ``m`` may be any count (not a multiple of 128) with ``tp * m <= max_tokens``;
                 every rank passes the same ``m``.
             weight: ``[N, K]`` (a linear layer's weight; unit column stride), the input's
                 dtype, or per-tensor FP8 with an FP8 input; or a non-empty list/tuple of such
-                weights ``[N_w, K]`` (each FP8 one with its own scale_inv).
+                weights ``[N_w, K]`` (each FP8 one with its own scale_inv). With
+                ``weight_layout="kn"``: ``[K, N]``, multiplied as it is.
             bias: optional ``[N]`` (cuBLASLt's rules: out's dtype, bf16 for FP8 inputs); with
                 several weights, a list/tuple of one optional bias per weight.
             gelu: tanh-approximated GELU after the bias (every weight's output).
@@ -183,6 +188,9 @@ class AllGatherGemm:
                 it: up to 8% of the op where the gather is about as long as the GEMM (NOTE
                 [ag_gemm own slot]). With ``pull_shards`` the buffer always holds it. Each
                 rank decides for itself.
+            weight_layout: ``"nk"`` (default: ``Y = X W^T``) or ``"kn"`` (``Y = X W``, e.g. a
+                dgrad ``dX = dY W`` with the layer's own ``[N, K]`` weight; high precision
+                only on Hopper). Every weight of the call has this layout.
 
         Returns:
             ``out`` ``[tp * m, N]``, or a tuple of one output per weight when ``weight`` is a
@@ -203,9 +211,14 @@ class AllGatherGemm:
         outs = _per_weight("out", out, several, len(weights))
         if not weights:
             raise InvalidArgumentError(f"{_OP}: weight is an empty {type(weight).__name__}")
+        transb = weight_transposed(_OP, weight_layout)
         a, a_scale_inv = split_operand(_OP, "the input", x_shard)
         m, k = a.shape
-        if a.dtype != self.dtype or k != self.in_features or m * self.tp > self.max_tokens:
+        if (
+            not travels_as(a.dtype, self.dtype)
+            or k != self.in_features
+            or m * self.tp > self.max_tokens
+        ):
             raise InvalidArgumentError(
                 f"{_OP}: x_shard {a.dtype}[{m}, {k}] does not fit this op: dtype "
                 f"{self.dtype}, K = {self.in_features}, tp * m <= {self.max_tokens} (tp = "
@@ -219,11 +232,14 @@ class AllGatherGemm:
             op = f"{_OP} (weight {i})" if several else _OP
             b, b_scale_inv = split_operand(op, "the weight", w)
             check_pair(op, a, b, self.device)
-            if b.shape[1] != k:
+            k_axis = 1 if transb else 0
+            if b.shape[k_axis] != k:
+                want = f"[N, {k}]" if transb else f"[{k}, N]"
                 raise InvalidArgumentError(
-                    f"{op}: weight {tuple(b.shape)} must be [N, {k}] (K = x_shard's columns)"
+                    f"{op}: weight {tuple(b.shape)} must be {want} (K = x_shard's columns; "
+                    f"weight_layout={weight_layout!r})"
                 )
-            shape = (self.tp * m, b.shape[0])
+            shape = (self.tp * m, b.shape[1 - k_axis])
             o = outs[i]
             if o is None:
                 outs[i] = torch.empty(shape, dtype=alloc_dtype, device=self.device)
@@ -243,6 +259,7 @@ class AllGatherGemm:
             sm_count=sm_count,
             compute_lanes=self.compute_lanes,
             device=self.device,
+            transb=transb,
         )
         kwargs["b_scale_inv"] = b_scale_invs
         keep = self.keep_gathered if keep_gathered is None else bool(keep_gathered)
@@ -265,20 +282,21 @@ class AllGatherGemm:
         self._kept = keep or self.pull_shards
         return tuple(outs) if several else outs[0]
 
-    def gathered_input(self) -> torch.Tensor | QuantizedTensor:
+    def gathered_input(self, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
         """The input gathered by the last call: ``[tp * m, K]``, a view of the buffer (FP8:
         a :class:`QuantizedTensor` with the one scale_inv every rank's shard must share).
 
         Valid until the next op on this object (DESIGN.md invariant 2: never save it for
         backward; copy it, or save the shard and re-gather). On cuda, read it on the stream
-        of the call (or after it); the FP8 scale check reads the scales on the host.
+        of the call (or after it); the FP8 scale check reads the scales on the host
+        (``check_scales=False`` skips it, for shards quantized with a shared amax).
 
         Raises:
             StateError: before the first call, after a call without ``keep_gathered`` (push
                 mode: this rank's own slot was not written), or FP8 shards whose scale_invs
                 differ (:meth:`gathered_scale_invs` has them).
         """
-        return gathered_input(self._gather_state())
+        return gathered_input(self._gather_state(), check_scales=check_scales)
 
     def gathered_scale_invs(self) -> torch.Tensor:
         """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer

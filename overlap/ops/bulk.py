@@ -43,6 +43,7 @@ from overlap.ops._operands import (
     op_device,
     split_operand,
     stream_of,
+    travels_as,
 )
 from overlap.quantization import DirectionFormat, QuantizedTensor
 
@@ -270,7 +271,11 @@ class AllGatherBesideGemm:
         """
         data, scale_inv = split_operand(_AG, "x_shard", x_shard)
         m, k = data.shape
-        if data.dtype != self.dtype or k != self.in_features or m * self.tp > self.max_tokens:
+        if (
+            not travels_as(data.dtype, self.dtype)
+            or k != self.in_features
+            or m * self.tp > self.max_tokens
+        ):
             raise InvalidArgumentError(
                 f"{_AG}: x_shard {data.dtype}[{m}, {k}] does not fit this op: dtype "
                 f"{self.dtype}, K = {self.in_features}, tp * m <= {self.max_tokens} (tp = "
@@ -294,20 +299,21 @@ class AllGatherBesideGemm:
         self._last = (m, x_shard.dtype, fmt)
         return g["out"]
 
-    def gathered_input(self) -> torch.Tensor | QuantizedTensor:
+    def gathered_input(self, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
         """The input gathered by the last call: ``[tp * m, K]``, a view of the buffer (FP8: a
         :class:`QuantizedTensor` whose scale_inv is read from the buffer).
 
         Valid until the next op on the buffer (DESIGN.md invariant 2: never save it for
         backward). On cuda, read it on the stream of the call (or after it); the FP8 check
-        that every rank's scale_inv is the same reads the scales on the host.
+        that every rank's scale_inv is the same reads the scales on the host
+        (``check_scales=False`` skips it, for shards quantized with a shared amax).
 
         Raises:
             StateError: before the first call, or FP8 shards whose scale_invs differ (quantize
                 with an amax reduced over the TP group, DESIGN.md invariant 3;
                 :meth:`gathered_scale_invs` has them).
         """
-        return gathered_input(self._gather_state())
+        return gathered_input(self._gather_state(), check_scales=check_scales)
 
     def gathered_scale_invs(self) -> torch.Tensor:
         """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""

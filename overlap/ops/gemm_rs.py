@@ -43,6 +43,7 @@ from overlap.ops._operands import (
     is_fp8,
     op_device,
     prepare,
+    weight_transposed,
 )
 
 if TYPE_CHECKING:
@@ -205,6 +206,7 @@ class GemmReduceScatter:
         out_scale_inv: torch.Tensor | None = None,
         fast_accum: bool | None = None,
         sm_count: int = 0,
+        weight_layout: str = "nk",
     ) -> torch.Tensor:
         """COLLECTIVE: this rank's rows of ``sum over ranks (alpha * x @ weight.T)``.
 
@@ -225,6 +227,9 @@ class GemmReduceScatter:
             out_scale_inv: FP8 outputs only, optional float32 ``[1]``: receives ``1 / scale``.
             fast_accum: FP8 inputs only (default on, as :func:`overlap.gemm.gemm`).
             sm_count: SMs the chunk GEMMs plan for (0 = all).
+            weight_layout: ``"nk"`` (default, ``weight`` is ``[N, K_shard]``) or ``"kn"``
+                (``weight`` is ``[K_shard, N]``, multiplied as it is: ``x @ weight``; high
+                precision only on Hopper).
 
         Returns:
             ``out`` ``[M / tp, N]``.
@@ -236,6 +241,7 @@ class GemmReduceScatter:
         """
         import torch
 
+        transb = weight_transposed(_OP, weight_layout)
         a, a_scale_inv, b, b_scale_inv = prepare(_OP, x, weight, self.device)
         rows, k = a.shape
         if rows % self.tp or rows > self.max_tokens or rows == 0:
@@ -243,9 +249,11 @@ class GemmReduceScatter:
                 f"{_OP}: x has {rows} rows (tokens); they must be a positive multiple of the "
                 f"TP size {self.tp} and <= max_tokens ({self.max_tokens}); pad the tokens"
             )
-        if b.shape[1] != k or b.shape[0] != self.out_features:
+        want = (self.out_features, k) if transb else (k, self.out_features)
+        if tuple(b.shape) != want:
             raise InvalidArgumentError(
-                f"{_OP}: weight {tuple(b.shape)} must be [{self.out_features}, {k}]"
+                f"{_OP}: weight {tuple(b.shape)} must be [{want[0]}, {want[1]}] "
+                f"(weight_layout={weight_layout!r})"
             )
         shape = (rows // self.tp, self.out_features)
         if out is None:
@@ -278,6 +286,7 @@ class GemmReduceScatter:
                 sm_count=sm_count,
                 compute_lanes=self.compute_lanes,
                 device=self.device,
+                transb=transb,
             ),
         )
         return out

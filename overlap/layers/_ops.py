@@ -1,0 +1,405 @@
+"""The communicating steps of the layers as ``torch.library`` custom ops.
+
+NOTE [layer custom ops]: every step of a tensor-parallel linear that communicates is one
+custom op (``overlap::column_forward``, ``column_backward``, ``row_forward``,
+``row_backward``, ``tp_all_reduce``) with a fake (meta) implementation, so ``torch.compile``
+traces a layer's forward and backward without graph breaks: the ops are opaque nodes whose
+output shapes the fake implementations give. Each op is a whole pass of a linear (the
+collective, its GEMMs and, in backward, whatever the buffer keeps between them), for two
+reasons: a compiler may reorder independent nodes but never splits one, so nothing another
+op could overwrite is ever read across two nodes (a gathered input kept in a symmetric
+buffer lives only inside its op, docs/design.md §3, invariant 2); and the schema stays
+small. Operands arrive GEMM-ready (high-precision tensors, or FP8 data with its float32
+``[1]`` scale_inv) because quantizers are Python objects that no schema carries; the layer's
+autograd function quantizes. Groups arrive as ids (NOTE [group ids] in ``_tp.py``).
+Outputs are always new tensors, never views of a symmetric buffer.
+
+The schedules (docs/design.md §9), per step, with userbuffers (``ub``) or plain collectives:
+
+=====================  =================================================  ====================
+step                   with ub                                            without
+=====================  =================================================  ====================
+column forward         AG+GEMM of the input shard                         all-gather, GEMM
+column dgrad           bulk AG of the saved shard beside ``dX = dY W``     all-gather, GEMM
+                       (or GEMM+RS of dgrad, ``rs_dgrad``)
+column wgrad           bulk RS of dgrad beside ``dW = dY^T X``             reduce-scatter, GEMM
+row forward            GEMM+RS                                            GEMM, reduce-scatter
+row dgrad              AG+GEMM of dY, keeping the gathered dY             all-gather, GEMM
+row wgrad              ``dW = AG(dY)^T X`` from the kept dY, same op      GEMM
+=====================  =================================================  ====================
+"""
+
+from __future__ import annotations
+
+import torch
+
+from overlap.gemm import gemm
+from overlap.layers._tp import TensorParallelGroup, lookup_group
+from overlap.quantization import DirectionFormat, Fp8Format, QuantizedTensor, ScalingMode
+
+__all__ = ["column_backward", "column_forward", "row_backward", "row_forward", "tp_all_reduce"]
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _is_fp8(t: torch.Tensor) -> bool:
+    return t.dtype in _FP8
+
+
+def _operand(data: torch.Tensor, scale_inv: torch.Tensor | None) -> torch.Tensor | QuantizedTensor:
+    """What the overlap ops take: a plain tensor, or FP8 data with its scale_inv as a
+    per-tensor :class:`QuantizedTensor` (rowwise)."""
+    if scale_inv is None:
+        return data
+    fmt = DirectionFormat(ScalingMode.TENSOR, Fp8Format.of(data.dtype))
+    return QuantizedTensor(
+        shape=tuple(data.shape),
+        dtype=torch.bfloat16,
+        rowwise_format=fmt,
+        columnwise_format=DirectionFormat(),
+        rowwise_data=data,
+        rowwise_scale_inv=scale_inv,
+    )
+
+
+def _transpose(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous transpose (FP8 through its bytes); a new tensor."""
+    if _is_fp8(t):
+        return t.view(torch.uint8).t().contiguous().view(t.dtype)
+    return t.t().contiguous()
+
+
+def _check_tokens(tp: TensorParallelGroup, tokens: int, what: str) -> None:
+    ub = tp.ub
+    if ub is not None and tokens > ub.config.tokens:
+        from overlap.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"{what}: {tokens} tokens, but the userbuffers were sized for at most "
+            f"{ub.config.tokens} (initialize_ub((tokens, hidden), ...)); size them for the "
+            "largest batch"
+        )
+
+
+# ---- column-parallel ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("overlap::column_forward", mutates_args=())
+def column_forward(  # noqa: PLR0917 (a schema is positional)
+    x: torch.Tensor,
+    x_scale_inv: torch.Tensor | None,
+    weight: torch.Tensor,
+    weight_scale_inv: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    group_id: int,
+    gemm_name: str,
+    overlap: bool,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``Y [tp*m, N] = AllGather(x [m, K]) @ weight[N, K]^T (+ bias)``."""
+    tp = lookup_group(group_id)
+    _check_tokens(tp, tp.size * x.shape[0], f"{gemm_name} forward")
+    if overlap:
+        op = tp.userbuffers(f"{gemm_name}_fprop").get(f"{gemm_name}_fprop")
+        return op(
+            _operand(x, x_scale_inv),
+            _operand(weight, weight_scale_inv),
+            bias=bias,
+            out_dtype=out_dtype,
+            keep_gathered=False,
+        )
+    x_full = tp.all_gather_rows(x)
+    return gemm(
+        x_full,
+        weight,
+        transb=True,
+        bias=bias,
+        out_dtype=out_dtype,
+        a_scale_inv=x_scale_inv,
+        b_scale_inv=weight_scale_inv,
+    )
+
+
+@column_forward.register_fake
+def _(  # noqa: PLR0917
+    x, x_scale_inv, weight, weight_scale_inv, bias, group_id, gemm_name, overlap, out_dtype
+):
+    tp = lookup_group(group_id)
+    return x.new_empty((tp.size * x.shape[0], weight.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("overlap::column_backward", mutates_args=("main_grad",))
+def column_backward(  # noqa: PLR0917 (a schema is positional)
+    dy: torch.Tensor,
+    dy_scale_inv: torch.Tensor | None,
+    dy_t: torch.Tensor | None,
+    x: torch.Tensor,
+    x_scale_inv: torch.Tensor | None,
+    w_dgrad: torch.Tensor,
+    w_dgrad_scale_inv: torch.Tensor | None,
+    main_grad: torch.Tensor | None,
+    group_id: int,
+    gemm_name: str,
+    bulk_dgrad: bool,
+    bulk_wgrad: bool,
+    rs_dgrad: bool,
+    wgrad: bool,
+    dx_dtype: torch.dtype,
+    dw_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dX shard [m, K], dW [N, K])`` of ``Y = AllGather(x) W^T``.
+
+    Operands: ``dy`` ``[T, N]`` (FP8: rowwise data; ``dy_t`` its ``[N, T]`` transpose for
+    wgrad, same scale), the saved input shard ``x`` ``[m, K]``, and ``w_dgrad``: high
+    precision ``W`` ``[N, K]`` (multiplied as it is), FP8 ``W^T`` ``[K, N]`` (the weight's
+    columnwise data). ``main_grad``: accumulate ``dW`` into it (``dW`` is then empty).
+    """
+    tp = lookup_group(group_id)
+    fp8 = dy_scale_inv is not None
+    dgrad_kw = {
+        "transb": fp8,
+        "a_scale_inv": dy_scale_inv,
+        "b_scale_inv": w_dgrad_scale_inv,
+        "fast_accum": False,
+    }
+    dx: torch.Tensor | None = None
+    dgrad: torch.Tensor | None = None
+    # 1. The gathered input (wgrad reads it) and dgrad: dX partial [T, K] = dY W, every
+    #    rank's partial sum over its slice of N.
+    x_full_scale_inv = x_scale_inv
+    if bulk_dgrad:
+        op = tp.userbuffers(f"{gemm_name}_dgrad").get(f"{gemm_name}_dgrad")
+        dgrad = op(_operand(x, x_scale_inv), dy, w_dgrad, out_dtype=dx_dtype, **dgrad_kw)
+        # A view of the AG buffer, read before its next op (NOTE [layer custom ops]); FP8: its
+        # scale_inv from the buffer too (invariant 1).
+        gathered = op.gathered_input(check_scales=False)
+        if isinstance(gathered, QuantizedTensor):
+            x_full, x_full_scale_inv = gathered.rowwise_data, gathered.rowwise_scale_inv
+        else:
+            x_full = gathered
+    else:
+        x_full = tp.all_gather_rows(x)
+        if rs_dgrad:
+            op = tp.userbuffers(f"{gemm_name}_dgrad").get(f"{gemm_name}_dgrad")
+            dx = op(
+                _operand(dy, dy_scale_inv),
+                _operand(w_dgrad, w_dgrad_scale_inv),
+                weight_layout="nk" if fp8 else "kn",
+                fast_accum=False,
+            )
+        else:
+            dgrad = gemm(dy, w_dgrad, out_dtype=dx_dtype, **dgrad_kw)
+    # 2. wgrad: dW [N, K] = dY^T X_full (FP8: TN, from the transposes [N, T] and [K, T]).
+    empty = dy.new_empty((0,), dtype=dw_dtype)
+    if fp8:
+        w_a, w_b = dy_t, _transpose(x_full)
+        w_kw = {"transb": True, "a_scale_inv": dy_scale_inv, "b_scale_inv": x_full_scale_inv}
+    else:
+        w_a, w_b = dy, x_full
+        w_kw = {"transa": True}
+    out_kw = {"gemm_out": main_grad, "beta": 1.0} if main_grad is not None else {}
+    # 3. dX shard (the reduce-scatter of dgrad) and dW.
+    if dx is None and bulk_wgrad and wgrad:
+        op = tp.userbuffers(f"{gemm_name}_wgrad").get(f"{gemm_name}_wgrad")
+        if main_grad is None:
+            out_kw = {"gemm_out_dtype": dw_dtype}
+        dx, dw = op(dgrad, w_a, w_b, fast_accum=False, **out_kw, **w_kw)
+    else:
+        if dx is None:
+            dx = tp.reduce_scatter_rows(dgrad)  # type: ignore[arg-type]
+        dw = empty
+        if wgrad and main_grad is not None:
+            gemm(w_a, w_b, out=main_grad, beta=1.0, fast_accum=False, **w_kw)
+        elif wgrad:
+            dw = gemm(w_a, w_b, out_dtype=dw_dtype, fast_accum=False, **w_kw)
+    if main_grad is not None or not wgrad:
+        return dx, empty
+    return dx, dw
+
+
+@column_backward.register_fake
+def _(  # noqa: PLR0917
+    dy,
+    dy_scale_inv,
+    dy_t,
+    x,
+    x_scale_inv,
+    w_dgrad,
+    w_dgrad_scale_inv,
+    main_grad,
+    group_id,
+    gemm_name,
+    bulk_dgrad,
+    bulk_wgrad,
+    rs_dgrad,
+    wgrad,
+    dx_dtype,
+    dw_dtype,
+):
+    fp8 = dy_scale_inv is not None
+    n = dy.shape[1]
+    k = w_dgrad.shape[0] if fp8 else w_dgrad.shape[1]
+    dx = dy.new_empty((x.shape[0], k), dtype=dx_dtype)
+    shape = (n, k) if (wgrad and main_grad is None) else (0,)
+    return dx, dy.new_empty(shape, dtype=dw_dtype)
+
+
+# ---- row-parallel ------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("overlap::row_forward", mutates_args=())
+def row_forward(  # noqa: PLR0917 (a schema is positional)
+    x: torch.Tensor,
+    x_scale_inv: torch.Tensor | None,
+    weight: torch.Tensor,
+    weight_scale_inv: torch.Tensor | None,
+    group_id: int,
+    gemm_name: str,
+    overlap: bool,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``Y shard [T/tp, N] = ReduceScatter(x [T, K] @ weight[N, K]^T)``."""
+    tp = lookup_group(group_id)
+    _check_tokens(tp, x.shape[0], f"{gemm_name} forward")
+    if x.shape[0] % tp.size:
+        from overlap.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"{gemm_name} forward: {x.shape[0]} tokens do not split over the TP size "
+            f"{tp.size}; the tokens of a row-parallel layer must be a multiple of it"
+        )
+    if overlap:
+        op = tp.userbuffers(f"{gemm_name}_fprop").get(f"{gemm_name}_fprop")
+        if op.out_dtype != out_dtype:
+            from overlap.errors import ConfigError
+
+            raise ConfigError(
+                f"{gemm_name}_fprop: the userbuffers reduce-scatter {op.out_dtype} but the "
+                f"layer outputs {out_dtype}; initialize_ub(dtype=...) must be the layer's "
+                "activation dtype"
+            )
+        return op(_operand(x, x_scale_inv), _operand(weight, weight_scale_inv))
+    partial = gemm(
+        x,
+        weight,
+        transb=True,
+        out_dtype=out_dtype,
+        a_scale_inv=x_scale_inv,
+        b_scale_inv=weight_scale_inv,
+    )
+    return tp.reduce_scatter_rows(partial)
+
+
+@row_forward.register_fake
+def _(  # noqa: PLR0917
+    x, x_scale_inv, weight, weight_scale_inv, group_id, gemm_name, overlap, out_dtype
+):
+    tp = lookup_group(group_id)
+    return x.new_empty((x.shape[0] // tp.size, weight.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("overlap::row_backward", mutates_args=("main_grad",))
+def row_backward(  # noqa: PLR0917 (a schema is positional)
+    dy: torch.Tensor,
+    dy_scale_inv: torch.Tensor | None,
+    x_wgrad: torch.Tensor,
+    x_scale_inv: torch.Tensor | None,
+    w_dgrad: torch.Tensor,
+    w_dgrad_scale_inv: torch.Tensor | None,
+    main_grad: torch.Tensor | None,
+    group_id: int,
+    gemm_name: str,
+    overlap: bool,
+    wgrad: bool,
+    dx_dtype: torch.dtype,
+    dw_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dX [T, K], dW [N, K])`` of ``Y = ReduceScatter(x W^T)``.
+
+    Operands: ``dy`` the output gradient shard ``[T/tp, N]`` (FP8: data whose amax was
+    reduced over the group, so the gathered dY has one scale), ``x_wgrad`` the input ``[T, K]``
+    (FP8: its ``[K, T]`` transpose), ``w_dgrad`` ``W`` ``[N, K]`` (FP8: ``W^T`` ``[K, N]``).
+    """
+    tp = lookup_group(group_id)
+    fp8 = dy_scale_inv is not None
+    if overlap:
+        op = tp.userbuffers(f"{gemm_name}_dgrad").get(f"{gemm_name}_dgrad")
+        dx = op(
+            _operand(dy, dy_scale_inv),
+            _operand(w_dgrad, w_dgrad_scale_inv),
+            weight_layout="nk" if fp8 else "kn",
+            out_dtype=dx_dtype,
+            keep_gathered=True,
+            fast_accum=False if fp8 else None,
+        )
+        # A view of the AG buffer, read right here (NOTE [layer custom ops]); FP8: its
+        # scale_inv from the buffer too (invariant 1).
+        gathered = op.gathered_input(check_scales=False)
+        if isinstance(gathered, QuantizedTensor):
+            dy_full, dy_scale_inv = gathered.rowwise_data, gathered.rowwise_scale_inv
+        else:
+            dy_full = gathered
+    else:
+        dy_full = tp.all_gather_rows(dy)
+        dx = gemm(
+            dy_full,
+            w_dgrad,
+            transb=fp8,
+            a_scale_inv=dy_scale_inv,
+            b_scale_inv=w_dgrad_scale_inv,
+            out_dtype=dx_dtype,
+            fast_accum=False,
+        )
+    empty = dy.new_empty((0,), dtype=dw_dtype)
+    if not wgrad:
+        return dx, empty
+    if fp8:
+        w_kw = {"transb": True, "a_scale_inv": dy_scale_inv, "b_scale_inv": x_scale_inv}
+        w_a = _transpose(dy_full)  # [N, T]
+    else:
+        w_kw = {"transa": True}
+        w_a = dy_full
+    if main_grad is not None:
+        gemm(w_a, x_wgrad, out=main_grad, beta=1.0, fast_accum=False, **w_kw)
+        return dx, empty
+    return dx, gemm(w_a, x_wgrad, out_dtype=dw_dtype, fast_accum=False, **w_kw)
+
+
+@row_backward.register_fake
+def _(  # noqa: PLR0917
+    dy,
+    dy_scale_inv,
+    x_wgrad,
+    x_scale_inv,
+    w_dgrad,
+    w_dgrad_scale_inv,
+    main_grad,
+    group_id,
+    gemm_name,
+    overlap,
+    wgrad,
+    dx_dtype,
+    dw_dtype,
+):
+    tp = lookup_group(group_id)
+    fp8 = dy_scale_inv is not None
+    tokens = dy.shape[0] * tp.size
+    k = w_dgrad.shape[0] if fp8 else w_dgrad.shape[1]
+    dx = dy.new_empty((tokens, k), dtype=dx_dtype)
+    shape = (dy.shape[1], k) if (wgrad and main_grad is None) else (0,)
+    return dx, dy.new_empty(shape, dtype=dw_dtype)
+
+
+# ---- replicated parameters ---------------------------------------------------------------------
+
+
+@torch.library.custom_op("overlap::tp_all_reduce", mutates_args=())
+def tp_all_reduce(x: torch.Tensor, group_id: int) -> torch.Tensor:
+    """The sum over the TP group of ``x``: the gradient of a parameter every rank holds whole
+    but applies to its own tokens only (norm weights, a row-parallel bias)."""
+    return lookup_group(group_id).all_reduce_sum(x)
+
+
+@tp_all_reduce.register_fake
+def _(x, group_id):
+    return torch.empty_like(x)

@@ -1,0 +1,40 @@
+"""The layer benchmark runs on the host transport (tiny shapes) and writes its outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.layers import summarize, summary_line
+from tests.distributed.launcher import REPO_ROOT
+
+
+@pytest.mark.mpi
+def test_layers_benchmark_on_host(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "benchmarks.layers", "--launch", "2", "--out", str(tmp_path),
+           "--iters", "2", "--warmup", "1"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "layers.json").read_text())
+    rows = result["rows"]
+    assert {(r["module"], r["dtype"]) for r in rows} == {
+        (m, d) for m in ("qkv", "proj", "mlp") for d in ("bf16", "fp8")
+    }
+    for r in rows:
+        assert r["ms_ub"] > 0 and r["ms_none"] > 0 and r["ub_bytes"] > 0, r
+        assert r["speedup"] == pytest.approx(r["ms_none"] / r["ms_ub"])
+    assert result["summary"]["rows"] == 6 and result["summary"]["at_target"] is None
+    assert (tmp_path / "layers.txt").read_text().startswith("tensor-parallel layers")
+
+
+def test_layers_summary() -> None:
+    rows = [{"speedup": s} for s in (1.2, 1.0, 1.3)]
+    s = summarize(rows, cuda=True)
+    assert (s["rows"], s["median_speedup"], s["min_speedup"], s["at_target"]) == (3, 1.2, 1.0, 2)
+    assert "2/3 rows >= 1.15x" in summary_line(s)
+    assert "not measured" in summary_line(summarize(rows, cuda=False))
+    assert summary_line(summarize([], cuda=True)) == "no rows"
