@@ -18,6 +18,9 @@ It runs the benchmarks of :data:`JOBS`, one after the other, each launched under
    RowParallelLinear, the SwiGLU LayerNormMLP), forward + backward, with userbuffers against
    ``ub=None``; quick: Llama-3-70B-like dims at T = 8192, bf16 and fp8; ``--full``: T =
    4096, 8192 and 16384.
+4. ``benchmarks.transformer``: one whole transformer layer, forward + backward, ours with and
+   without overlap against PyTorch's DTensor tensor parallelism (eager, compiled, compiled
+   with async-TP) and TransformerEngine where it imports; quick: Llama-3-70B at T = 8192.
 
 At the end: the overlap summary lines (on GPUs: rows within 1.10 x floor, median ratio, rows
 faster than torch / TE; on the host transport, whose floor is gloo's on tiny shapes, only the
@@ -58,6 +61,12 @@ def _layers_summary(result: dict[str, Any]) -> list[tuple[str, str]]:
     return [("layers", summary_line(result["summary"]))]
 
 
+def _transformer_summary(result: dict[str, Any]) -> list[tuple[str, str]]:
+    from benchmarks.transformer import summary_line
+
+    return [("transformer layer", summary_line(result["summary"]))]
+
+
 @dataclass(frozen=True)
 class Job:
     """One benchmark of the main job.
@@ -91,16 +100,24 @@ JOBS = (
     ),
     Job("collectives", "benchmarks.baseline_collectives", "baseline_collectives"),
     Job("layers", "benchmarks.layers", "layers", table=True, summary=_layers_summary),
+    Job(
+        "transformer layer",
+        "benchmarks.transformer",
+        "transformer",
+        table=True,
+        summary=_transformer_summary,
+    ),
 )
 
 DESCRIPTION = """\
-The main job: the overlap ops, collectives and layers benchmarks under mpirun, on all local
-GPUs, or on 4 ranks of the host transport where there are none. scripts/bench.sh sets
-everything up, then runs this with its arguments."""
+The main job: the overlap ops, collectives, layers and transformer-layer benchmarks under
+mpirun, on all local GPUs, or on 4 ranks of the host transport where there are none.
+scripts/bench.sh sets everything up, then runs this with its arguments."""
 EPILOG = """\
 outputs under --out: overlap_ops.json, overlap_ops.txt (the table), overlap_ops.png (the plot,
-with matplotlib), baseline_collectives.json, layers.json / .txt / .png; each benchmark alone,
-with more options: python -m benchmarks.overlap_ops --help, python -m benchmarks.layers --help"""
+with matplotlib), baseline_collectives.json, layers.json / .txt / .png, transformer.json /
+.txt / .png; each benchmark alone, with more options: python -m benchmarks.<name> --help
+(overlap_ops, layers, transformer)"""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:

@@ -12,7 +12,8 @@
 # tests and benchmark on all local GPUs; ops-bench-full: the whole docs/design.md §6 suite, give it
 # STEP_TIMEOUT_S=900), graphs-cuda (CUDA graphs of comm ops), layers-cuda and layers-bench
 # (the tensor-parallel layers' multi-rank tests and benchmark on all local GPUs;
-# LAYERS_BENCH_ARGS adds options, e.g. "--full"). Every step writes
+# LAYERS_BENCH_ARGS adds options, e.g. "--full"), transformer-bench (one transformer layer
+# against the peers; TRANSFORMER_BENCH_ARGS adds options). Every step writes
 # its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S, default 300 s); a short summary
 # table is printed last.
 set -uo pipefail
@@ -59,6 +60,9 @@ for s in "${STEPS[@]}"; do
     buffers-cuda) step buffers buffers.log "${PYTEST[@]}" tests/distributed/test_buffers.py -k cuda ;;
     ops-cuda) step ops ops.log "${PYTEST[@]}" tests/distributed/test_overlap_ops.py -k cuda ;;
     layers-cuda) step layers layers.log "${PYTEST[@]}" tests/distributed/test_layers.py -k cuda ;;
+    transformer-bench)
+      step transf transformerbench.log "$PY" -m benchmarks.transformer --launch \
+        "$(nvidia-smi -L | wc -l)" --cuda --out "$LOG" ${TRANSFORMER_BENCH_ARGS:-} ;;
     layers-bench)
       step layersb layersbench.log "$PY" -m benchmarks.layers --launch "$(nvidia-smi -L | wc -l)" \
         --cuda --out "$LOG" ${LAYERS_BENCH_ARGS:-} ;;

@@ -38,3 +38,20 @@ def test_layers_summary() -> None:
     assert "2/3 rows >= 1.15x" in summary_line(s)
     assert "not measured" in summary_line(summarize(rows, cuda=False))
     assert summary_line(summarize([], cuda=True)) == "no rows"
+
+
+@pytest.mark.mpi
+def test_transformer_benchmark_on_host(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "benchmarks.transformer", "--launch", "2", "--out",
+           str(tmp_path), "--iters", "2", "--warmup", "1"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "transformer.json").read_text())
+    rows = result["rows"]
+    assert [r["dtype"] for r in rows] == ["bf16", "fp8"]
+    for r in rows:
+        assert r["ms_ours"] > 0 and r["ms_none"] > 0, r
+        assert "transformer_engine" in r["na"]["te"] or r["na"]["te"], r["na"]
+    assert rows[0]["ms_torch_eager"] > 0  # PyTorch's DTensor TP runs on gloo too
+    assert "torchao" in rows[1]["na"]["torch_eager"] or rows[1]["na"]["torch_eager"]
+    assert result["summary"]["rows"] == 2
