@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,7 +19,16 @@ from typing import Any
 from overlap._logging import get_logger
 from overlap.errors import ConfigError
 
-__all__ = ["ENV_VARS", "EnvVar", "Scope", "Settings", "format_table", "settings"]
+__all__ = [
+    "ENV_VARS",
+    "MAX_TIMEOUT_S",
+    "EnvVar",
+    "Scope",
+    "Settings",
+    "check_timeout_s",
+    "format_table",
+    "settings",
+]
 
 PREFIX = "OVERLAP_"
 
@@ -57,7 +67,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "60",
         Scope.RUNTIME,
         "Default deadline in seconds of every communication wait; a wait past it raises "
-        "CommTimeoutError. Must be > 0.",
+        "CommTimeoutError and fails the communicator. Must be > 0 and at most 1e6 (finite).",
     ),
     EnvVar(
         "OVERLAP_GEMM_AUTOTUNE",
@@ -123,6 +133,40 @@ def _parse_positive_float(name: str, raw: str) -> float:
     return value
 
 
+# The longest deadline of a wait, in seconds (about 11.6 days); mirrors
+# SymmetricBuffer::kMaxTimeoutS in csrc/comm/symmetric_buffer.h. Deadlines are points of a
+# clock counting int64 nanoseconds: an infinite or huge timeout would overflow it.
+MAX_TIMEOUT_S = 1e6
+
+
+def check_timeout_s(value: object, what: str = "timeout_s") -> float:
+    """``value`` as a deadline in seconds.
+
+    Raises:
+        ConfigError: ``value`` is not a number, or not in ``(0, MAX_TIMEOUT_S]`` (NaN and
+            infinity included: there is no "no deadline").
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise ConfigError(
+            f"{what} must be > 0 and <= {MAX_TIMEOUT_S:g} s (finite; there is no unbounded "
+            f"deadline), got {value!r}"
+        )
+    return seconds
+
+
+def _parse_timeout(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{name}={raw!r} is not a number; unset it or give seconds, e.g. 60"
+        ) from None
+    return check_timeout_s(value, f"{name}={raw!r}")
+
+
 GEMM_AUTOTUNE_MAX = 64  # mirrors kMaxAutotuneCandidates in csrc/gemm/gemm.h
 
 
@@ -159,7 +203,7 @@ class Settings:
 
 _PARSERS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "OVERLAP_LOG_LEVEL": ("log_level", _parse_log_level),
-    "OVERLAP_TIMEOUT_S": ("timeout_s", _parse_positive_float),
+    "OVERLAP_TIMEOUT_S": ("timeout_s", _parse_timeout),
     "OVERLAP_GEMM_AUTOTUNE": ("gemm_autotune", _parse_autotune),
     "OVERLAP_MPIRUN": ("mpirun", lambda _name, raw: raw),
     "OVERLAP_TEST_NP_TIMEOUT_S": ("test_np_timeout_s", _parse_positive_float),

@@ -6,6 +6,7 @@
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
 #include "comm/collectives.h"
+#include "comm/op_protocol.h"
 #ifdef OVERLAP_WITH_CUDA
 #include "comm/cuda/graph_log.h"
 #endif
@@ -27,6 +28,8 @@ void register_comm(py::module_& m) {
       .def_property_readonly("name", [](const Transport& t) { return transport_name(t.kind()); })
       .def_property_readonly("device", &Transport::device)
       .def("raise_if_failed", &Transport::raise_if_failed)
+      .def_property_readonly("failed", &Transport::failed)
+      .def_property_readonly("failure", &Transport::failure)
       .def(
           "synchronize",
           [](Transport& t, std::uintptr_t stream) {
@@ -51,6 +54,9 @@ void register_comm(py::module_& m) {
       },
       py::arg("device"));
 
+  c.attr("max_buffer_bytes") = SymmetricBuffer::kMaxBytes;
+  c.attr("max_timeout_s") = SymmetricBuffer::kMaxTimeoutS;
+
   py::class_<SymmetricBuffer, std::shared_ptr<SymmetricBuffer>>(c, "SymmetricBuffer")
       .def(
           py::init<std::shared_ptr<Transport>, int, int, std::size_t, const std::string&, double>(),
@@ -72,6 +78,8 @@ void register_comm(py::module_& m) {
       .def_property_readonly("size", &SymmetricBuffer::size)
       .def_property_readonly("nbytes", &SymmetricBuffer::bytes)
       .def_property_readonly("allocated_bytes", &SymmetricBuffer::allocated_bytes)
+      .def_property_readonly("epoch", &SymmetricBuffer::epoch,
+                             "The last epoch taken by an op on this buffer (0 before the first)")
       .def_property("timeout_s", &SymmetricBuffer::timeout_s, &SymmetricBuffer::set_timeout_s)
       .def_property("put_split", &SymmetricBuffer::put_split, &SymmetricBuffer::set_put_split)
       .def_property("pull_gather", &SymmetricBuffer::pull_gather, &SymmetricBuffer::set_pull_gather)
@@ -80,12 +88,19 @@ void register_comm(py::module_& m) {
       .def_property_readonly("sm_blocks", &SymmetricBuffer::sm_blocks)
       .def("set_sm_share", &SymmetricBuffer::set_sm_share, py::arg("percent"), py::arg("blocks"))
       .def(
+          "_skip_epochs_for_test",
+          [](SymmetricBuffer& b, std::uint64_t count) { b.take_epochs(count); }, py::arg("count"),
+          "Test hook: take `count` epochs without an op, putting this rank's op sequence out "
+          "of step with its peers' (NOTE [op sequence] in op_protocol.cpp).")
+      .def(
           "all_gather",
           [](SymmetricBuffer& b, py::handle input, std::uintptr_t stream) {
             const TensorRef in = tensor_ref_from_py(input, "all_gather input");
             b.check_tensor(in, "all_gather input");
             py::gil_scoped_release release;
-            comm::all_gather(b, in.data, in.nbytes(), stream_from_py(stream));
+            comm::run_op(b, [&] {
+              comm::all_gather(b, in.data, in.nbytes(), stream_from_py(stream), in.dtype);
+            });
           },
           py::arg("input"), py::kw_only(), py::arg("stream") = 0)
       .def(
@@ -96,10 +111,10 @@ void register_comm(py::module_& m) {
             for (const auto& [input, offset] : parts) {
               const TensorRef in = tensor_ref_from_py(input, "all_gather part");
               b.check_tensor(in, "all_gather part");
-              ps.push_back({in.data, offset, static_cast<std::size_t>(in.nbytes())});
+              ps.push_back({in.data, offset, static_cast<std::size_t>(in.nbytes()), in.dtype});
             }
             py::gil_scoped_release release;
-            comm::all_gather_parts(b, ps, stream_from_py(stream));
+            comm::run_op(b, [&] { comm::all_gather_parts(b, ps, stream_from_py(stream)); });
           },
           py::arg("parts"), py::kw_only(), py::arg("stream") = 0)
       .def(
@@ -117,15 +132,17 @@ void register_comm(py::module_& m) {
                                                        << b.size() << ") x output "
                                                        << out.describe() << " elements");
             py::gil_scoped_release release;
-            comm::reduce_scatter(b, in.data, out.data, static_cast<std::size_t>(out.numel()),
-                                 in.dtype, stream_from_py(stream));
+            comm::run_op(b, [&] {
+              comm::reduce_scatter(b, in.data, out.data, static_cast<std::size_t>(out.numel()),
+                                   in.dtype, stream_from_py(stream));
+            });
           },
           py::arg("input"), py::arg("output"), py::kw_only(), py::arg("stream") = 0)
       .def(
           "barrier",
           [](SymmetricBuffer& b, std::uintptr_t stream) {
             py::gil_scoped_release release;
-            comm::barrier(b, stream_from_py(stream));
+            comm::run_op(b, [&] { comm::barrier(b, stream_from_py(stream)); });
           },
           py::kw_only(), py::arg("stream") = 0)
       .def(
@@ -146,7 +163,7 @@ void register_comm(py::module_& m) {
             const TensorRef out = tensor_ref_from_py(output, "copy_out output");
             b.check_ready("copy_out");
             b.check_tensor(out, "copy_out output");
-            OVERLAP_CHECK_ARG(offset + out.nbytes() <= b.bytes(),
+            OVERLAP_CHECK_ARG(offset <= b.bytes() && out.nbytes() <= b.bytes() - offset,
                               "copy_out: bytes [" << offset << ", " << offset + out.nbytes()
                                                   << ") are outside the buffer's " << b.bytes()
                                                   << " bytes");

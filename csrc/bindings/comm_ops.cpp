@@ -11,6 +11,7 @@
 
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
+#include "comm/op_protocol.h"
 #include "comm/overlap/overlap_ops.h"
 #include "comm/symmetric_buffer.h"
 #include "common/errors.h"
@@ -110,6 +111,9 @@ comm::OverlapConfig config(int compute_lanes, int reduce_max_blocks, bool stagge
 
 void register_comm_ops(py::module_& m) {
   py::module_ c = m.def_submodule("comm_ops", "Comm-GEMM overlap ops (use overlap.ops).");
+  // The one per-tensor scale slot of a gathered FP8 shard (NOTE [ag_gemm layout]): the
+  // buffer managers' layout (overlap/buffers/layout.py) takes it from here.
+  c.attr("SCALE_SLOT_BYTES") = comm::kScaleSlotBytes;
   c.def(
       "ag_gemm_layout",
       [](int size, std::size_t shard_bytes, bool scaled) {
@@ -175,7 +179,7 @@ void register_comm_ops(py::module_& m) {
         comm::OverlapConfig c = config(compute_lanes, 0, staggered_puts, pieces);
         c.pull_shards = pull_shards;
         c.keep_gathered = keep_gathered;
-        comm::ag_gemm(buf, ao, weights, c, stream_from_py(stream));
+        comm::run_op(buf, [&] { comm::ag_gemm(buf, ao, weights, c, stream_from_py(stream)); });
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
       py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv"),
@@ -211,8 +215,10 @@ void register_comm_ops(py::module_& m) {
         c.ring_subchunks = ring_subchunks;
         c.pull_shards = pull_shards;
         py::gil_scoped_release release;
-        (method == "ring" ? comm::gemm_rs_ring : comm::gemm_rs)(buf, ao, bo, d, scale_inv, o, c,
-                                                                stream_from_py(stream));
+        comm::run_op(buf, [&] {
+          (method == "ring" ? comm::gemm_rs_ring : comm::gemm_rs)(buf, ao, bo, d, scale_inv, o, c,
+                                                                  stream_from_py(stream));
+        });
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
       py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv") = py::none(),
@@ -327,7 +333,9 @@ void register_comm_bulk_ops(py::module_& m) {
                           kOp << ": an FP8 shard needs its scale_inv, other shards take none");
         const comm::SideGemm g = side_gemm(buf, gemm, kOp);
         py::gil_scoped_release release;
-        comm::all_gather_beside_gemm(buf, s, g, comm::BulkConfig{}, stream_from_py(stream));
+        comm::run_op(buf, [&] {
+          comm::all_gather_beside_gemm(buf, s, g, comm::BulkConfig{}, stream_from_py(stream));
+        });
       },
       py::arg("buffer"), py::arg("shard"), py::arg("gemm"), py::kw_only(),
       py::arg("shard_scale_inv") = py::none(), py::arg("stream") = 0,
@@ -358,7 +366,9 @@ void register_comm_bulk_ops(py::module_& m) {
         config.gemm_sm_margin = gemm_sm_margin;
         config.pieces = pieces;
         py::gil_scoped_release release;
-        comm::reduce_scatter_beside_gemm(buf, in, o, g, config, stream_from_py(stream));
+        comm::run_op(buf, [&] {
+          comm::reduce_scatter_beside_gemm(buf, in, o, g, config, stream_from_py(stream));
+        });
       },
       py::arg("buffer"), py::arg("input"), py::arg("out"), py::arg("gemm"), py::kw_only(),
       py::arg("out_scale") = py::none(), py::arg("out_scale_inv") = py::none(),

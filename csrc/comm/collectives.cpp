@@ -1,6 +1,8 @@
 #include "comm/collectives.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/op_protocol.h"
@@ -20,6 +22,20 @@ int lanes_per_peer(const SymmetricBuffer& buf) {
 // the caller's stream. NOTE [serial puts]: all peers share lanes 1..lanes_per_peer.
 int first_lane(const SymmetricBuffer& buf, int i) {
   return 1 + (buf.serial_puts() ? 0 : (i - 1) * lanes_per_peer(buf));
+}
+
+// The rank whose data region [data(k), data(k) + bytes()) overlaps [p, p + bytes), or -1.
+int region_of(const SymmetricBuffer& buf, const void* p, std::size_t bytes) {
+  const auto lo = reinterpret_cast<std::uintptr_t>(p);
+  for (int k = 0; k < buf.size(); ++k) {
+    const auto begin = reinterpret_cast<std::uintptr_t>(buf.data(k));
+    if (bytes > 0 && lo < begin + buf.bytes() && begin < lo + bytes) return k;
+  }
+  return -1;
+}
+
+std::string region_name(const SymmetricBuffer& buf, int k) {
+  return k == buf.rank() ? "own region" : "region of rank " + std::to_string(k);
 }
 
 int gather_lanes(const SymmetricBuffer& buf) {
@@ -167,11 +183,13 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
       OVERLAP_CHECK_ARG(disjoint || span == 0 || b.chunk_bytes == 0,
                         "all_gather: parts " << q << " and " << p << " overlap in the buffer");
     }
-    arg = mix_arg(mix_arg(arg, a.offset), a.chunk_bytes);
+    arg = mix_arg(mix_arg(mix_arg(arg, a.offset), a.chunk_bytes), std::uint64_t(a.dtype));
   }
   // Pushes only write peers' regions (no peer reads ours); all acknowledgements are awaited
-  // up front in one handshake all the same (NOTE [gather handshakes]).
+  // up front in one handshake all the same (NOTE [gather handshakes]). Pulls and pushes do
+  // not mix (a pulling rank writes no peer's slot): the mode is part of the op record.
   const bool pull = buf.pull_gather();
+  arg = mix_arg(arg, pull);
   const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream,
                                        OpAccess{/*pushes_only=*/!pull, /*handshake=*/true});
   if (pull) {
@@ -182,8 +200,8 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
 }
 
 void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes,
-                cudaStream_t stream) {
-  all_gather_parts(buf, {GatherPart{input, 0, chunk_bytes}}, stream);
+                cudaStream_t stream, DType dtype) {
+  all_gather_parts(buf, {GatherPart{input, 0, chunk_bytes, dtype}}, stream);
 }
 
 // Timeline of rank r: begin_op | publish own partials (all chunks) in own region, signal
@@ -198,11 +216,26 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
       dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
       "reduce_scatter: dtype " << dtype_name(dtype)
                                << " is not supported; use float32, bfloat16 or float16");
-  const std::size_t chunk_bytes = count * dtype_size(dtype);
-  OVERLAP_CHECK_ARG(chunk_bytes * n <= buf.bytes(),
-                    "reduce_scatter: " << n << " chunks of " << chunk_bytes
-                                       << " bytes exceed the buffer's " << buf.bytes()
+  OVERLAP_CHECK_ARG(count <= buf.bytes() / n / dtype_size(dtype),
+                    "reduce_scatter: " << n << " chunks of " << count << " " << dtype_name(dtype)
+                                       << " elements exceed the buffer's " << buf.bytes()
                                        << " bytes; create a larger buffer");
+  const std::size_t chunk_bytes = count * dtype_size(dtype);
+  buf.check_ready("reduce_scatter");  // data(k) below needs every peer mapped
+  // The output must not alias any region: our reduction would overwrite partials that the
+  // peers are still summing (they read our region until they enter the next op). The input
+  // is our own region from its start (NOTE [partials in place]) or lies outside all of them.
+  const int output_in = region_of(buf, output, chunk_bytes);
+  OVERLAP_CHECK_ARG(output_in < 0, "reduce_scatter: the output overlaps the "
+                                       << region_name(buf, output_in)
+                                       << " of the symmetric buffer, which peers read during "
+                                          "the op; pass an output outside the buffer");
+  const int input_in = input == buf.data(r) ? -1 : region_of(buf, input, chunk_bytes * n);
+  OVERLAP_CHECK_ARG(input_in < 0, "reduce_scatter: the input overlaps the "
+                                      << region_name(buf, input_in)
+                                      << " of the symmetric buffer but is not this rank's "
+                                         "partials in place (a view at offset 0); pass such a "
+                                         "view or a tensor outside the buffer");
   // NOTE [partials in place]: when every rank's partials are already in its region (a GEMM
   // wrote them there before the op), the acknowledgements of begin_op also say "my partials
   // are there": each is signalled after the rank's earlier work on the stream, with a memory
@@ -213,9 +246,12 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
   // right after them anyway. Measured on 4xH200 (benchmarks/baseline_collectives, bf16, NCCL
   // time / ours; before: stream memory operations): 8 MB 0.911-0.934 -> 1.157, 32 MB
   // 0.987-1.014 -> 1.075, 128 MB 1.014-1.020 -> 1.062, 256 MB 1.011-1.020 -> 1.046.
-  const std::uint64_t epoch =
-      begin_op(buf, OpCode::kReduceScatter, mix_arg(chunk_bytes, in_place), "reduce_scatter",
-               stream, OpAccess{/*pushes_only=*/false, /*handshake=*/true});
+  // The dtype too: ranks summing bf16 against fp16 partials of one size would add each
+  // other's bits reinterpreted.
+  const std::uint64_t arg =
+      mix_arg(mix_arg(chunk_bytes, in_place), static_cast<std::uint64_t>(dtype));
+  const std::uint64_t epoch = begin_op(buf, OpCode::kReduceScatter, arg, "reduce_scatter", stream,
+                                       OpAccess{/*pushes_only=*/false, /*handshake=*/true});
   Transport& t = buf.transport();
   if (!in_place) {
     t.put(buf.data(r), input, chunk_bytes * n, stream, 0);

@@ -23,7 +23,7 @@ namespace overlap::comm {
 // Gathers `chunk_bytes` from `input` of every rank into the data region of every rank:
 // rank r's chunk lands at data + r * chunk_bytes. `input` may be the rank's own slot.
 void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes,
-                cudaStream_t stream);
+                cudaStream_t stream, DType dtype = DType::kUInt8);
 
 // One part of a multi-part all-gather: rank r's `chunk_bytes` from `input` land at
 // data + offset + r * chunk_bytes of every rank (parts must not overlap).
@@ -31,6 +31,10 @@ struct GatherPart {
   const void* input;
   std::size_t offset;
   std::size_t chunk_bytes;
+  // The element type of `input`: part of the op record (NOTE [op records] in op_protocol.cpp),
+  // so ranks that gather different types of one size get a mismatch instead of each other's
+  // bits reinterpreted.
+  DType dtype = DType::kUInt8;
 };
 
 // Gathers several parts in one op (one barrier, one signal per peer): e.g. a quantized
@@ -38,8 +42,10 @@ struct GatherPart {
 void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
                       cudaStream_t stream);
 
-// input: `size * count` elements of `dtype` (chunk k is destined to rank k);
-// output: `count` elements, the sum over ranks of their chunk `rank`, fp32 accumulation.
+// input: `size * count` elements of `dtype` (chunk k is destined to rank k), either outside
+// every region of the buffer or this rank's own region from its start (partials in place);
+// output: `count` elements, the sum over ranks of their chunk `rank`, fp32 accumulation, outside
+// every region of the buffer (peers read ours until they enter the next op).
 void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::size_t count,
                     DType dtype, cudaStream_t stream);
 

@@ -1,5 +1,7 @@
 #include "comm/op_protocol.h"
 
+#include <string>
+
 #include "common/errors.h"
 
 namespace overlap::comm {
@@ -14,6 +16,16 @@ namespace {
 // that call different ops (or the same op with different sizes) on one buffer thus get a typed
 // error naming both calls, instead of silently exchanging the wrong bytes. The check is on the
 // host, at issue time, and best effort on cuda (a peer's host may already be further ahead).
+//
+// NOTE [op sequence]: on the host transport begin_op has waited for every peer's
+// acknowledgement of our epoch e before it compares, so each peer has written a record for an
+// epoch >= e. If its ops are in step with ours, that record is e's, or the next op's, which
+// lies an odd number of epochs later (every op takes an odd number: kPieceEpochs,
+// gemm_rs_ring_epochs) and so sits in the other slot; and the peer cannot open a third op
+// before we acknowledge it. So e's slot must hold e: any other epoch there means the peers'
+// op sequences are out of step (an op failed or was skipped on one rank), and the op must not
+// run, since a flag left by another op could satisfy its waits. Verdict: raise on the host;
+// on cuda, where waits are stream-ordered and a peer's host may be behind, skip such records.
 constexpr int kEpochShift = 24;
 
 FlagSlot record_slot(std::uint64_t epoch) {
@@ -45,20 +57,33 @@ const char* op_name(std::uint64_t record) {
   return "an unknown op";
 }
 
-void check_op_records(const SymmetricBuffer& buf, std::uint64_t mine, std::uint64_t epoch) {
+// `exact`: NOTE [op sequence] (every peer's record of `epoch` must be there).
+void check_op_records(const SymmetricBuffer& buf, std::uint64_t mine, std::uint64_t epoch,
+                      bool exact) {
   const int r = buf.rank();
   for (int peer = 0; peer < buf.size(); ++peer) {
     if (peer == r) continue;
     const std::uint64_t theirs =
         __atomic_load_n(buf.flag(r, peer, record_slot(epoch)), __ATOMIC_ACQUIRE);
-    if ((theirs >> kEpochShift) != epoch || theirs == mine) continue;
+    if (theirs == mine) continue;
+    if ((theirs >> kEpochShift) != epoch) {
+      if (!exact) continue;
+      OVERLAP_THROW(kState, "op sequence out of step on a symmetric buffer: rank "
+                                << r << " issued " << op_name(mine) << " as op #" << epoch
+                                << " but rank " << peer << " has no op #" << epoch
+                                << " (its op in that record slot: "
+                                << (theirs == 0 ? std::string("none")
+                                                : op_name(theirs) + std::string(" as op #") +
+                                                      std::to_string(theirs >> kEpochShift))
+                                << "); an earlier op failed or was skipped on some rank");
+    }
     const bool same_op = ((theirs ^ mine) & 0xff0000) == 0;
     OVERLAP_THROW(kState, "collective mismatch on a symmetric buffer: rank "
                               << r << " issued " << op_name(mine) << " as op #" << epoch
                               << " but rank " << peer << " issued " << op_name(theirs)
-                              << (same_op ? " with different sizes" : "")
+                              << (same_op ? " with different sizes, dtypes or settings" : "")
                               << "; every rank must call the same ops, with the same sizes, "
-                                 "in the same order");
+                                 "dtypes and settings, in the same order");
   }
 }
 
@@ -120,7 +145,7 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
     }
   }
   if (wait_all) buf.set_acked_epoch(epoch);
-  check_op_records(buf, record, epoch);
+  check_op_records(buf, record, epoch, /*exact=*/t.kind() == TransportKind::kHost);
   return epoch;
 }
 

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <utility>
 
 #include "comm/symmetric_buffer.h"
+#include "common/errors.h"
 
 namespace overlap::comm {
 
@@ -48,6 +51,29 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
 // acknowledgement). Call it before the op's first write into `peer`'s region on that lane.
 void wait_ack(SymmetricBuffer& buf, std::uint64_t epoch, int peer, const char* op,
               cudaStream_t stream, int lane);
+
+// NOTE [failed transport] in transport.h: runs `op` (one call of an op on `buf`); an exception
+// that escapes it after the op took an epoch (in begin_op, from where the peers count on this
+// rank) fails the buffer's transport before it propagates: the record check's mismatch, a
+// timeout, any error in the middle of the op. Errors raised before begin_op (bad arguments)
+// fail nothing, so a rejected call leaves the buffer usable. Every op's entry point in the
+// binding layer runs in it.
+template <typename Op>
+void run_op(SymmetricBuffer& buf, Op&& op) {
+  const std::uint64_t before = buf.epoch();
+  try {
+    std::forward<Op>(op)();
+  } catch (const Error& e) {
+    if (buf.epoch() != before) buf.transport().fail(e.kind(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    if (buf.epoch() != before) buf.transport().fail(ErrorKind::kInternal, e.what());
+    throw;
+  } catch (...) {
+    if (buf.epoch() != before) buf.transport().fail(ErrorKind::kInternal, "unknown exception");
+    throw;
+  }
+}
 
 // Mixes one more value into an op-record argument (order matters).
 inline std::uint64_t mix_arg(std::uint64_t arg, std::uint64_t value) {

@@ -22,7 +22,8 @@ SymmetricBuffer::SymmetricBuffer(std::shared_ptr<Transport> transport, int rank,
                 "group size " << size << " is outside [1, " << kMaxRanks << "]");
   OVERLAP_CHECK(rank >= 0 && rank < size, kConfig,
                 "rank " << rank << " is outside a group of size " << size);
-  OVERLAP_CHECK_ARG(bytes > 0, "symmetric buffer size must be > 0 bytes");
+  OVERLAP_CHECK_ARG(bytes > 0 && bytes <= kMaxBytes, "symmetric buffer size must be in [1, "
+                                                         << kMaxBytes << "] bytes, got " << bytes);
   set_timeout_s(timeout_s);
   local_ = transport_->allocate(bytes, tag);
   allocated_bytes_ = local_->allocated_bytes();
@@ -34,7 +35,8 @@ SymmetricBuffer::~SymmetricBuffer() {
 }
 
 void SymmetricBuffer::set_timeout_s(double timeout_s) {
-  OVERLAP_CHECK(timeout_s > 0, kConfig, "timeout must be > 0 s, got " << timeout_s);
+  OVERLAP_CHECK(timeout_s > 0 && timeout_s <= kMaxTimeoutS, kConfig,
+                "timeout must be > 0 and <= " << kMaxTimeoutS << " s (finite), got " << timeout_s);
   timeout_s_ = timeout_s;
 }
 

@@ -50,6 +50,15 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
  public:
   static constexpr int kMaxRanks = 64;
   static constexpr int kNumSlots = 4;
+  // NOTE [size bounds]: the largest data region, 2^48 bytes (256 TiB, beyond any GPU's or
+  // host's memory). Every size an op forms from it (a chunk times at most kMaxRanks ranks, an
+  // offset plus a span, the host segment's flag page plus its data) then stays far below 2^64,
+  // so no size check can be fooled by a wrap-around. Verdict: reject larger sizes at creation.
+  static constexpr std::size_t kMaxBytes = std::size_t{1} << 48;
+  // The longest deadline of a wait, in seconds (about 11.6 days). Deadlines are steady-clock
+  // time points (int64 nanoseconds): an infinite or huge timeout would overflow them and
+  // expire at once. overlap/env.py mirrors it (MAX_TIMEOUT_S).
+  static constexpr double kMaxTimeoutS = 1e6;
 
   SymmetricBuffer(std::shared_ptr<Transport> transport, int rank, int size, std::size_t bytes,
                   const std::string& tag, double timeout_s);
@@ -71,6 +80,7 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   // transport rounds allocations up (LocalRegion::allocated_bytes).
   std::size_t allocated_bytes() const { return allocated_bytes_; }
   double timeout_s() const { return timeout_s_; }
+  // Throws kConfig unless 0 < timeout_s <= kMaxTimeoutS (so NaN and infinity are refused).
   void set_timeout_s(double timeout_s);
   // NOTE [put split]: how many copies (lanes) carry one put to one peer; a tuning knob. On
   // 4xH200 one copy moves ~377 GB/s to one peer (32 MB). With serial puts, one copy was best

@@ -17,6 +17,47 @@ std::string describe_timeout(const WaitContext& ctx, std::uint64_t seen, std::ui
   return oss.str();
 }
 
+void Transport::record_fault(ErrorKind kind, const std::string& message) const noexcept {
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  if (failed_) return;  // the first fault wins
+  try {
+    fault_ = message;
+  } catch (...) {  // out of memory: failed all the same, without the message
+  }
+  fault_kind_ = kind;
+  failed_ = true;
+}
+
+void Transport::fail(ErrorKind kind, const std::string& message) noexcept {
+  try {
+    poll_faults();  // an asynchronous fault found earlier comes first
+  } catch (...) {
+  }
+  record_fault(kind, message);
+}
+
+bool Transport::failed() const {
+  poll_faults();
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  return failed_;
+}
+
+std::string Transport::failure() const {
+  poll_faults();
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  return fault_;
+}
+
+void Transport::raise_if_failed() const {
+  poll_faults();
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  if (!failed_) return;
+  std::ostringstream oss;
+  oss << "the communicator failed earlier and refuses every op on its buffers; the first fault: "
+      << fault_ << " [destroy the communicator and its buffers and create new ones]";
+  throw Error(fault_kind_, oss.str());
+}
+
 void Transport::handshake(const Handshake& h, cudaStream_t stream, int lane) {
   constexpr std::size_t kWord = 4;
   for (const WordCopy& c : h.before) put(c.dst, c.src, kWord, stream, lane);

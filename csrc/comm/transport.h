@@ -19,10 +19,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/errors.h"
 #include "common/stream.h"
 #include "gemm/gemm.h"
 
@@ -118,6 +120,15 @@ class PeerMapping {
   virtual std::uint64_t* flags() const = 0;
 };
 
+// NOTE [failed transport]: after a timeout, an abort or any error that escapes an op once the
+// op has taken its epoch (begin_op), this rank's epochs and flags no longer match its peers':
+// a peer may still be inside the failed op, or a flag the failed op left behind may satisfy a
+// wait of the next op, which would then read another op's data. So the first such fault fails
+// the whole transport (one per communicator, shared by all its buffers): from then on every op
+// on any of its buffers raises at once, with the fault's kind (a timeout stays a timeout) and
+// its message, until the communicator and its buffers are destroyed and created anew. Faults
+// found before an op takes its epoch (bad arguments, a buffer not ready) fail nothing: the
+// peers never saw the op. Verdict: fail the transport, never try to resynchronise epochs.
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -182,15 +193,35 @@ class Transport {
   virtual void op_begun(cudaStream_t /*stream*/) {}
   // Make the host wait for everything issued on `stream`, then raise_if_failed().
   virtual void synchronize(cudaStream_t stream) = 0;
-  // Raises the first asynchronous failure (a cuda wait that timed out) this transport has
-  // seen; after one, every op raises it: the group's buffers must be destroyed and recreated.
-  virtual void raise_if_failed() const {}
+  // NOTE [failed transport]. fail() records a fault; the first one wins, later ones are
+  // ignored. Thread-safe, never throws.
+  void fail(ErrorKind kind, const std::string& message) noexcept;
+  // Whether a fault was recorded (on cuda, also a wait that the watchdog timed out).
+  bool failed() const;
+  // The first fault's message ("" while the transport works).
+  std::string failure() const;
+  // Throws the first fault again, with its kind, naming it and what to do; a no-op while the
+  // transport works. Every op calls it before it takes an epoch.
+  void raise_if_failed() const;
   // Whether `stream` can be used by ops right now (cuda: not capturing a graph, or capturing
   // one with a graph log; NOTE [graph capture] in comm/cuda/graph_log.h). Throws kUnsupported
   // with a reason if not.
   virtual void check_stream(cudaStream_t /*stream*/) const {}
   // Whether `stream` is capturing a CUDA graph (always false on the host transport).
   virtual bool capturing(cudaStream_t /*stream*/) const { return false; }
+
+ protected:
+  // Faults found asynchronously (cuda: a wait the watchdog timed out) are recorded here by
+  // the transport when failed() or raise_if_failed() looks (record_fault; first one wins).
+  virtual void poll_faults() const {}
+  void record_fault(ErrorKind kind, const std::string& message) const noexcept;
+
+ private:
+  // Mutable: poll_faults() records asynchronous faults from the const accessors.
+  mutable std::mutex fault_mu_;
+  mutable bool failed_ = false;
+  mutable ErrorKind fault_kind_ = ErrorKind::kInternal;
+  mutable std::string fault_;
 };
 
 std::unique_ptr<Transport> make_host_transport();

@@ -11,19 +11,22 @@ activation straight into the buffer and saved that view; the next layer's op ove
   a copy of the aliasing tensors (``AliasPolicy.COPY``) or a :class:`StateError`
   (``AliasPolicy.REFUSE``); :func:`detach_from_buffer` is ``saveable`` with copying.
 
-NOTE [buffer state registry]: the state of a buffer that managers share (generation counter,
-staged shard, address ranges) is kept per :class:`~overlap.comm.SymmetricBuffer` in a weak
-registry here, so that several managers over one buffer see each other's ops and the alias
-check knows every buffer in use. Ops issued on the buffer directly, not through a manager,
-are invisible to it (the runtime does not expose its op epoch to Python).
+NOTE [buffer state registry]: what buffer managers share about a buffer (the staged shard,
+the last manager op for messages) is kept per :class:`~overlap.comm.SymmetricBuffer` in a
+weak registry here, so that several managers over one buffer see each other's staging. The
+generation and the address ranges are the buffer's own (NOTE [buffer generation] in
+:mod:`overlap.comm.communicator`): views go stale on ANY op of the buffer, by a manager or
+an overlap op, and the alias check knows every live buffer of the process.
 """
 
 from __future__ import annotations
 
+import abc
 import enum
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from overlap.comm.communicator import buffer_of
 from overlap.errors import InvalidArgumentError, StateError
 from overlap.quantization.tensor import QuantizedTensor
 
@@ -43,28 +46,26 @@ class AliasPolicy(enum.Enum):
 
 
 class BufferState:
-    """Shared state of one symmetric buffer (NOTE [buffer state registry]).
+    """A buffer manager's record of one symmetric buffer (NOTE [buffer state registry]).
 
     Attributes:
-        generation: bumped by every op on the buffer issued through a manager; a view made at
-            generation ``g`` is valid while the generation is still ``g``.
-        last_op: what made the latest generation (for error messages).
+        last_op: what made the latest generation, as far as managers know (messages).
         staged: the manager-level record of what the buffer holds (see ``manager.py``).
     """
 
     def __init__(self, buffer: SymmetricBuffer) -> None:
-        import torch
-
         self.name = buffer.name
-        self.generation = 0
         self.last_op = "creation"
         self.staged: Any = None
         self._buffer = weakref.ref(buffer)
-        # Address range of every rank's region as mapped in this process.
-        self.ranges = []
-        for peer in range(buffer.size):
-            start = buffer.view(torch.uint8, (buffer.nbytes,), peer=peer).data_ptr()
-            self.ranges.append((start, start + buffer.nbytes))
+
+    @property
+    def generation(self) -> int:
+        """The buffer's generation (NOTE [buffer generation] in overlap.comm.communicator):
+        every op on it, by any object, and every local write changes it; -1 once the buffer
+        is gone."""
+        buf = self._buffer()
+        return -1 if buf is None else buf.generation
 
     @property
     def live(self) -> bool:
@@ -73,12 +74,15 @@ class BufferState:
 
     def overlaps(self, t: torch.Tensor) -> bool:
         """True if ``t``'s elements lie (partly) in one of this buffer's regions."""
-        lo, hi = _extent(t)
-        return lo < hi and any(lo < end and start < hi for start, end in self.ranges)
+        buf = self._buffer()
+        return buf is not None and not buf.destroyed and buf.overlaps(t)
 
-    def bump(self, op: str) -> int:
-        """Record an op that overwrites the buffer; returns the new generation."""
-        self.generation += 1
+    def bump(self, op: str, *, local: bool = True) -> int:
+        """Record ``op``, a local write into the buffer (``local``) or an op that already ran
+        (its epoch moved the generation); returns the generation after it."""
+        buf = self._buffer()
+        if local and buf is not None:
+            buf.note_local_write()
         self.last_op = op
         return self.generation
 
@@ -87,29 +91,34 @@ _STATES: weakref.WeakKeyDictionary[SymmetricBuffer, BufferState] = weakref.WeakK
 
 
 def buffer_state(buffer: SymmetricBuffer) -> BufferState:
-    """The shared state of ``buffer`` (created on first use)."""
+    """The managers' shared record of ``buffer`` (created on first use)."""
     state = _STATES.get(buffer)
     if state is None:
         state = _STATES[buffer] = BufferState(buffer)
     return state
 
 
-def _extent(t: torch.Tensor) -> tuple[int, int]:
-    """``[first byte, last byte + 1)`` spanned by ``t``'s elements."""
-    if t.numel() == 0:
-        return (t.data_ptr(), t.data_ptr())
-    span = 1 + sum(
-        (size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True)
-    )
-    return (t.data_ptr(), t.data_ptr() + span * t.element_size())
-
-
 def _aliased_buffer(t: torch.Tensor) -> str | None:
-    """The name of the live buffer whose memory ``t`` overlaps, or None."""
-    for state in list(_STATES.values()):
-        if state.live and state.overlaps(t):
-            return state.name
-    return None
+    """The name of the live symmetric buffer whose memory ``t`` overlaps, or None: every
+    buffer of the process, whoever made it (NOTE [buffer generation])."""
+    buf = buffer_of(t)
+    return None if buf is None else buf.name
+
+
+class BufferValue(abc.ABC):
+    """A tensor read out of a buffer, valid until the buffer's next op (the base of
+    :class:`~overlap.buffers.BufferView`; defined here so that the alias guard knows it
+    without importing the managers)."""
+
+    @property
+    @abc.abstractmethod
+    def value(self) -> Any:
+        """The tensor (raises StateError when stale)."""
+
+    @property
+    @abc.abstractmethod
+    def buffer_name(self) -> str:
+        """The name of its buffer."""
 
 
 def _tensors_of(obj: Any) -> list[torch.Tensor]:
@@ -128,9 +137,7 @@ def aliases_buffer(obj: torch.Tensor | QuantizedTensor | Any) -> bool:
     """True if ``obj`` (a tensor, a quantized tensor or a
     :class:`~overlap.buffers.BufferView`) shares memory with a live symmetric buffer known
     to a buffer manager. A view (live or stale) is always buffer memory."""
-    from overlap.buffers.manager import BufferView
-
-    if isinstance(obj, BufferView):
+    if isinstance(obj, BufferValue):
         return True
     return any(_aliased_buffer(t) is not None for t in _tensors_of(obj))
 
@@ -156,11 +163,9 @@ def saveable(obj: T, *, policy: AliasPolicy = AliasPolicy.COPY) -> T:
         StateError: ``policy`` is REFUSE and ``obj`` aliases a buffer, or a stale view.
         InvalidArgumentError: ``obj`` is of another type.
     """
-    from overlap.buffers.manager import BufferView
-
     if obj is None:
         return obj
-    if isinstance(obj, BufferView):
+    if isinstance(obj, BufferValue):
         value = obj.value  # raises StateError if stale
         if policy is AliasPolicy.REFUSE:
             raise StateError(

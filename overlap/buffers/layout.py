@@ -18,6 +18,13 @@ format (1x128 and 128x128 blocks, MXFP8, hybrids) gathers each needed direction 
 scales. 128x128 tiles could be transposed exactly too, but the design gathers block formats
 in both directions, which keeps the columnwise scales those the quantizer produced.
 
+NOTE [one scale slot]: a per-tensor scale_inv (one float32) takes a slot of the size the
+runtime's overlap ops use (``SCALE_SLOT_BYTES`` of the native module, NOTE [ag_gemm layout] in
+``csrc/comm/overlap/overlap_ops.h``), its value in the slot's first 4 bytes. So a
+per-tensor FP8 gather of a manager and an AG+GEMM's buffer lay the same tensor out byte for
+byte (data region at 0, scale slots at the next 256-byte boundary), and one model reads
+either. Verdict: the runtime owns the number; this layout asks for it.
+
 NOTE [slot contiguity]: slots are concatenated along the first stored dimension. For data
 stored ``[M, K]`` (rowwise, MXFP8, high precision) the region IS the gathered tensor; data
 stored transposed ``[K, M]`` (columnwise TENSOR / BLOCK_*) gathers as ``tp_size`` contiguous
@@ -50,6 +57,7 @@ __all__ = [
     "derived_after_gather",
     "gather_layout",
     "gathered_directions",
+    "scale_slot_bytes",
 ]
 
 ALIGNMENT = 256  #: byte alignment of every region (and of the buffer's start)
@@ -108,6 +116,12 @@ class PartLayout:
     def end(self) -> int:
         """First byte after the region."""
         return self.offset + self.tp_size * self.slot_nbytes
+
+    @property
+    def padded(self) -> bool:
+        """Whether a slot holds more bytes than its part (a per-tensor scale's slot, NOTE
+        [one scale slot]): the slots are then not one contiguous tensor."""
+        return self.slot_nbytes > math.prod(self.slot_shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -204,6 +218,16 @@ def check_gatherable(
             )
 
 
+_TENSOR = ScalingMode.TENSOR
+
+
+def scale_slot_bytes() -> int:
+    """Bytes of one rank's per-tensor scale_inv slot (NOTE [one scale slot])."""
+    from overlap._native import native
+
+    return int(native().comm_ops.SCALE_SLOT_BYTES)
+
+
 def _align(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
@@ -270,6 +294,8 @@ def gather_layout(
     offset = 0
     for kind, part_dtype, slot_shape in specs:
         slot_nbytes = math.prod(slot_shape) * part_dtype.itemsize
+        if kind.is_scale and formats is not None and formats[kind.columnwise].mode is _TENSOR:
+            slot_nbytes = scale_slot_bytes()  # NOTE [one scale slot]
         parts.append(PartLayout(kind, part_dtype, slot_shape, offset, slot_nbytes, tp_size))
         offset = _align(offset + tp_size * slot_nbytes)
     nbytes = parts[-1].end

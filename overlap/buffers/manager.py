@@ -43,11 +43,12 @@ reduce-scatter) must be used by one of them at a time, through this manager's ga
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Union
 
-from overlap.buffers.aliasing import BufferState, buffer_state
+from overlap.buffers.aliasing import BufferState, BufferValue, buffer_state
 from overlap.buffers.layout import (
     FormatPair,
     GatherLayout,
@@ -229,8 +230,8 @@ class GatherBuffer:
 
     @property
     def generation(self) -> int:
-        """Ops on the buffer so far (through managers); views of an older generation are
-        stale."""
+        """The buffer's generation (it changes with every op and local write on it, by any
+        object); views of an older generation are stale."""
         return self._state.generation
 
     # ---- staging --------------------------------------------------------------------------
@@ -406,13 +407,17 @@ class GatherBuffer:
                 the buffer since (stage it again).
         """
         staged = self._current_staged("gather")
+        # Whole slots travel (a padded scale slot too: rank k's lands at offset + k * slot).
         parts = [
-            (self._slot(p, self.rank).view(_uint8()).reshape(-1), p.offset)
+            (
+                self._buffer.view(_uint8(), (p.slot_nbytes,), offset=p.slot_offset(self.rank)),
+                p.offset,
+            )
             for p in staged.layout.parts
         ]
-        generation = self._state.bump("gather")
         self._state.staged = None  # an op that fails half-way leaves nothing to read
         self._buffer.all_gather_into(parts)
+        generation = self._state.bump("gather", local=False)  # its epoch moved the generation
         self._state.staged = replace(staged, generation=generation, complete=True)
 
     # ---- reading --------------------------------------------------------------------------
@@ -549,8 +554,14 @@ class GatherBuffer:
         return self._buffer.view(part.dtype, part.slot_shape, offset=part.slot_offset(k))
 
     def _region(self, part: PartLayout) -> torch.Tensor:
-        """All slots as one tensor, concatenated along the first stored dim."""
+        """All slots as one tensor, concatenated along the first stored dim (a strided view
+        when the slots are padded, NOTE [one scale slot])."""
         s = part.slot_shape
+        if part.padded:
+            per_slot = part.slot_nbytes // part.dtype.itemsize
+            numel = math.prod(s)
+            slots = self._buffer.view(part.dtype, (part.tp_size, per_slot), offset=part.offset)
+            return slots[:, :numel].reshape(part.tp_size * s[0], *s[1:])
         return self._buffer.view(part.dtype, (part.tp_size * s[0], *s[1:]), offset=part.offset)
 
     def __repr__(self) -> str:
@@ -560,7 +571,7 @@ class GatherBuffer:
         )
 
 
-class BufferView:
+class BufferView(BufferValue):
     """A gathered tensor (or one rank's shard) in a buffer, valid until the next op on it.
 
     Made by :meth:`GatherBuffer.get_buffer`. Every accessor first checks that no op has run

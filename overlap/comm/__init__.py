@@ -7,7 +7,13 @@ from overlap.comm.bootstrap import (
     check_single_host,
     tp_subgroup,
 )
-from overlap.comm.communicator import Communicator, SymmetricBuffer, TransportKind
+from overlap.comm.communicator import (
+    Communicator,
+    SymmetricBuffer,
+    TransportKind,
+    buffer_of,
+    live_buffers,
+)
 from overlap.comm.graphs import CudaGraph
 
 __all__ = [
@@ -18,6 +24,8 @@ __all__ = [
     "SymmetricBuffer",
     "TorchBootstrap",
     "TransportKind",
+    "buffer_of",
     "check_single_host",
+    "live_buffers",
     "tp_subgroup",
 ]

@@ -11,6 +11,14 @@ ready for work issued later on the same stream. A wait that passes its deadline 
 the runtime's watchdog and raised as :class:`~overlap.errors.CommTimeoutError` by the next op
 or :meth:`SymmetricBuffer.synchronize`. The host transport runs ops synchronously and raises
 at once.
+
+NOTE [failed transport] (``csrc/comm/transport.h``): once an op has started exchanging with the
+peers, a timeout, a collective mismatch or any other error in it leaves this rank's op sequence
+out of step with its peers'. The communicator is then failed (:attr:`Communicator.failed`):
+every later op on any of its buffers raises at once, with the first fault's class and message
+(:attr:`Communicator.failure`), instead of waiting out another deadline or pairing with a
+peer's other op. Destroy the communicator and its buffers and create new ones. A call rejected
+before it communicates (a bad argument) fails nothing.
 """
 
 from __future__ import annotations
@@ -20,18 +28,27 @@ import itertools
 import os
 import secrets
 import warnings
+import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from overlap import errors
 from overlap._native import native
 from overlap.comm.bootstrap import Bootstrap, check_single_host
-from overlap.env import settings
-from overlap.errors import BootstrapError, ConfigError, InvalidArgumentError
+from overlap.env import check_timeout_s, settings
+from overlap.errors import BootstrapError, ConfigError, InvalidArgumentError, OverlapError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Communicator", "SymmetricBuffer", "TransportKind"]
+__all__ = [
+    "Communicator",
+    "SymmetricBuffer",
+    "TransportKind",
+    "buffer_of",
+    "live_buffers",
+    "tensor_extent",
+]
 
 
 class TransportKind(enum.Enum):
@@ -47,6 +64,41 @@ def _stream_of(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
 
 
+# NOTE [buffer generation]: every tensor read out of a symmetric buffer (a gathered input, a
+# buffer manager's view) is only valid until the buffer's next op overwrites it; the buffers
+# are shared by every layer of a model (docs/design.md §3, invariant 2). One model serves the
+# ops and the buffer managers alike: a buffer knows its generation (the runtime's op epoch
+# plus the local writes announced to it) and its address ranges, and every live buffer is
+# registered here, so a reader records the generation it read at and checks it before use
+# (SymmetricBuffer.check_current), and the alias guard (overlap.buffers.saveable) finds any
+# tensor that lies in any live buffer (buffer_of). Verdict: one registry, in the lowest layer
+# that owns buffers; nothing above keeps its own.
+_LIVE: weakref.WeakSet[SymmetricBuffer] = weakref.WeakSet()
+
+
+def live_buffers() -> list[SymmetricBuffer]:
+    """The symmetric buffers of this process not destroyed yet (NOTE [buffer generation])."""
+    return [b for b in list(_LIVE) if not b.destroyed]
+
+
+def buffer_of(t: torch.Tensor) -> SymmetricBuffer | None:
+    """The live symmetric buffer whose memory ``t`` shares (any rank's region), or None."""
+    for buf in live_buffers():
+        if buf.overlaps(t):
+            return buf
+    return None
+
+
+def tensor_extent(t: torch.Tensor) -> tuple[int, int]:
+    """``[first byte, last byte + 1)`` spanned by ``t``'s elements."""
+    if t.numel() == 0:
+        return (t.data_ptr(), t.data_ptr())
+    span = 1 + sum(
+        (size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True)
+    )
+    return (t.data_ptr(), t.data_ptr() + span * t.element_size())
+
+
 class SymmetricBuffer:
     """One region per rank of a group, each rank mapping all of them. Create it with
     :meth:`Communicator.create_buffer`; free it with :meth:`destroy` (idempotent).
@@ -58,6 +110,8 @@ class SymmetricBuffer:
         self._core = core
         self._transport = transport
         self.name = name
+        self._local_writes = 0  # NOTE [buffer generation]
+        self._ranges: tuple[tuple[int, int], ...] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -82,6 +136,75 @@ class SymmetricBuffer:
     @property
     def destroyed(self) -> bool:
         return bool(self._core.destroyed)
+
+    @property
+    def epoch(self) -> int:
+        """The last epoch taken by an op on this buffer (0 before the first op). It grows with
+        every op (by one, or by more for the ops that take several: AG+GEMM, GEMM+RS, bulk
+        reduce-scatter, CUDA-graph replays) and never repeats, so it names the buffer's op
+        generation: a view read at one epoch is stale once the epoch has moved on."""
+        return int(self._core.epoch)
+
+    # ---- what lives in the buffer (NOTE [buffer generation]) -------------------------------
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the buffer's contents may have changed: every op (the
+        :attr:`epoch`) and every local write announced with :meth:`note_local_write`. A tensor
+        read out of the buffer at one generation is valid while the generation is the same."""
+        return self.epoch + self._local_writes
+
+    def note_local_write(self) -> None:
+        """A write into this rank's region outside an op (a buffer manager staging its shard):
+        views of the buffer made before it are stale."""
+        self._local_writes += 1
+
+    def check_current(self, generation: int, what: str) -> None:
+        """Raise :class:`~overlap.errors.StateError` unless the buffer is live and still at
+        ``generation`` (``what`` names the reader in the message)."""
+        if self.destroyed:
+            raise errors.StateError(f"{what}: buffer {self.name!r} was destroyed")
+        if generation != self.generation:
+            raise errors.StateError(
+                f"{what}: buffer {self.name!r} was overwritten since (generation {generation} "
+                f"-> {self.generation}: another op or write on the buffer, e.g. by another op "
+                "object sharing it). A view of a buffer is valid until its next op: copy it "
+                "before then, or save the local shard and re-gather"
+            )
+
+    @property
+    def address_ranges(self) -> tuple[tuple[int, int], ...]:
+        """``[start, end)`` of every rank's data region as mapped in this process (rank
+        order): the memory a tensor must not share to be safe to keep."""
+        if self._ranges is None:
+            import torch
+
+            starts = [
+                self.view(torch.uint8, (self.nbytes,), peer=p).data_ptr() for p in range(self.size)
+            ]
+            self._ranges = tuple((a, a + self.nbytes) for a in starts)
+        return self._ranges
+
+    def overlaps(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s elements lie (partly) in one of this buffer's regions."""
+        lo, hi = tensor_extent(t)
+        return lo < hi and any(lo < end and start < hi for start, end in self.address_ranges)
+
+    @property
+    def timeout_s(self) -> float:
+        """Deadline in seconds of every wait of this buffer's ops (the communicator's
+        ``timeout_s`` at creation). A wait past it raises
+        :class:`~overlap.errors.CommTimeoutError` and fails the communicator.
+
+        Raises:
+            ConfigError: on assignment of a value outside ``(0, MAX_TIMEOUT_S]``
+                (:data:`overlap.env.MAX_TIMEOUT_S`, 1e6 s; NaN and infinity included).
+        """
+        return float(self._core.timeout_s)
+
+    @timeout_s.setter
+    def timeout_s(self, seconds: float) -> None:
+        self._core.timeout_s = check_timeout_s(seconds)
 
     @property
     def put_split(self) -> int:
@@ -167,13 +290,22 @@ class SymmetricBuffer:
         nbytes = itemsize
         for d in shape:
             nbytes *= d
+        if offset + nbytes > self.nbytes:  # before the core, whose sizes are 64-bit
+            raise InvalidArgumentError(
+                f"view: bytes [{offset}, {offset + nbytes}) are outside the buffer's "
+                f"{self.nbytes} bytes"
+            )
         peer = self.rank if peer is None else peer
+        if not 0 <= peer < self.size:
+            raise InvalidArgumentError(f"view: peer {peer} is outside a group of size {self.size}")
         capsule = self._core.view(peer, offset, nbytes)
         return torch.from_dlpack(capsule).view(dtype).view(shape)
 
     def synchronize(self) -> None:
         """Wait on the host for the current stream, then raise any asynchronous failure
-        (a wait that timed out) of this buffer's communicator. No-op on the host transport."""
+        (a wait that timed out) of this buffer's communicator, and its failure once
+        :attr:`Communicator.failed`. The host transport runs ops synchronously: there it only
+        raises the failure."""
         self._transport.synchronize(stream=self._current_stream())
 
     def _current_stream(self) -> int:
@@ -239,6 +371,10 @@ class SymmetricBuffer:
         already in place, where a GEMM writes them): the op then skips its data round. Every
         rank must then pass such a view, and write it only when no peer reads this buffer any
         more, e.g. after :meth:`barrier` (peers read the region until they enter the next op).
+        Any other input, and the output, must lie outside every region of the buffer (an
+        :class:`~overlap.errors.InvalidArgumentError` otherwise). Every rank must pass the same
+        dtype and shapes: a mismatch raises :class:`~overlap.errors.StateError` on the host
+        transport (best effort on cuda) and fails the communicator.
 
         Returns:
             ``output`` = sum over ranks of their rows for this rank. Every rank sums in rank
@@ -297,11 +433,17 @@ class Communicator:
     Args:
         group: the TP group's bootstrap (all its ranks must be on one host).
         transport: ``TransportKind.HOST`` (CPU tensors) or ``TransportKind.CUDA``.
-        timeout_s: deadline of every wait (default ``OVERLAP_TIMEOUT_S``, 60 s).
+        timeout_s: deadline of every wait in seconds (default ``OVERLAP_TIMEOUT_S``, 60 s), in
+            ``(0, MAX_TIMEOUT_S]`` (:data:`overlap.env.MAX_TIMEOUT_S`, 1e6 s; finite: there is
+            no unbounded deadline).
         device: the CUDA device of this rank (cuda transport only; default: torch's current
             device). Tensors given to ops must live on it.
 
     Construction is COLLECTIVE over ``group``.
+
+    Raises:
+        ConfigError: an unknown transport, a bad ``timeout_s`` or ``device``; raised before
+            anything collective happens.
     """
 
     def __init__(
@@ -318,9 +460,7 @@ class Communicator:
             raise ConfigError(
                 f"unknown transport {transport!r}; use one of {[t.value for t in TransportKind]}"
             ) from None
-        self.timeout_s = settings().timeout_s if timeout_s is None else float(timeout_s)
-        if not self.timeout_s > 0:
-            raise ConfigError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s = settings().timeout_s if timeout_s is None else check_timeout_s(timeout_s)
         self.device = self._resolve_device(device)
         self.group = group
         check_single_host(group, "a communicator's group")
@@ -355,8 +495,24 @@ class Communicator:
             raise ConfigError(f"device {device} does not exist: {count} CUDA devices visible")
         return index
 
+    @property
+    def failed(self) -> bool:
+        """Whether this communicator failed (NOTE [failed transport] in this module's
+        docstring): after a timeout, a collective mismatch or another error in the middle of
+        an op, every op on its buffers raises at once, naming :attr:`failure`, until the
+        communicator is destroyed and a new one created. On cuda a timed-out wait counts once
+        the watchdog has found it."""
+        return bool(self._core_transport.failed)
+
+    @property
+    def failure(self) -> str | None:
+        """The message of the fault that failed this communicator (the first one), or
+        ``None`` while it works."""
+        return str(self._core_transport.failure) if self.failed else None
+
     def synchronize(self) -> None:
-        """Wait for this rank's current stream and raise any asynchronous failure."""
+        """Wait for this rank's current stream and raise any asynchronous failure (and the
+        communicator's failure, once :attr:`failed`)."""
         stream = 0
         if self.device >= 0:
             import torch
@@ -367,44 +523,102 @@ class Communicator:
     def create_buffer(self, nbytes: int, name: str = "") -> SymmetricBuffer:
         """COLLECTIVE: a symmetric buffer with ``nbytes`` of data per rank.
 
+        Every rank takes part in the rendezvous even when its own request is refused, and
+        every rank raises when any rank's is: a size that one rank rejects never leaves its
+        peers waiting. Nothing stays allocated after an error.
+
         Raises:
-            BootstrapError: ranks asked for different sizes, or a rank could not map a peer;
-                raised on every rank, and nothing stays allocated.
+            InvalidArgumentError: ``nbytes`` is not an int in ``[1, 2**48]`` on some rank.
+            SystemResourceError: some rank could not reserve the memory (the host transport
+                reserves its shared memory here, so a /dev/shm too small for the buffer is
+                reported now, never by a SIGBUS in a later op).
+            BootstrapError: ranks asked for different sizes, or a rank could not map a peer.
+            OverlapError: generally, the error class of the rank that failed (of this rank,
+                where its own request failed), e.g. the original fault's class where the
+                communicator has :attr:`failed`.
         """
-        if not isinstance(nbytes, int) or nbytes <= 0:
-            raise InvalidArgumentError(f"nbytes must be a positive int, got {nbytes!r}")
         index = next(self._counter)
-        tag = f"{self._tag}-{self.group.rank}-{index}"
-        core = native().comm.SymmetricBuffer(
-            transport=self._core_transport,
-            rank=self.group.rank,
-            size=self.group.size,
-            nbytes=nbytes,
-            tag=tag,
-            timeout_s=self.timeout_s,
-        )
-        handles = self.group.allgather_bytes(core.local_handle())
+        label = name or index
+        core = None
+        own: Exception | None = None
+        try:
+            _check_nbytes(nbytes)
+            self._core_transport.raise_if_failed()
+            core = native().comm.SymmetricBuffer(
+                transport=self._core_transport,
+                rank=self.group.rank,
+                size=self.group.size,
+                nbytes=nbytes,
+                tag=f"{self._tag}-{self.group.rank}-{index}",
+                timeout_s=self.timeout_s,
+            )
+            status = b"ok " + core.local_handle()
+        except Exception as exc:  # exchanged first: the peers must not wait for this rank
+            own = exc
+            status = f"error {type(exc).__name__} {exc}".encode()
+        statuses = self.group.allgather_bytes(status)
+        if any(not s.startswith(b"ok ") for s in statuses):
+            if core is not None:
+                core.destroy()
+            _raise_rendezvous_error(label, statuses, self.group.rank, own)
+        handles = [s[len(b"ok ") :] for s in statuses]
         error = ""
         try:
             core.connect(handles)
         except Exception as exc:
             error = str(exc)
-        errors = [e.decode() for e in self.group.allgather_bytes(error.encode())]
-        if any(errors):
+        errors_by_rank = [e.decode() for e in self.group.allgather_bytes(error.encode())]
+        if any(errors_by_rank):
             core.destroy()
-            first = next(r for r, e in enumerate(errors) if e)
+            first = next(r for r, e in enumerate(errors_by_rank) if e)
             raise BootstrapError(
-                f"creating symmetric buffer {name or index!r} failed on ranks "
-                f"{[r for r, e in enumerate(errors) if e]}; rank {first}: {errors[first]}"
+                f"creating symmetric buffer {label!r} failed on ranks "
+                f"{[r for r, e in enumerate(errors_by_rank) if e]}; rank {first}: "
+                f"{errors_by_rank[first]}"
             )
         self.group.barrier()  # every peer has mapped every region: names can go
         core.finish_rendezvous()
         buf = SymmetricBuffer(core, name or f"buffer{index}", self._core_transport)
         self._buffers.append(buf)
+        _LIVE.add(buf)
         return buf
 
     def destroy(self) -> None:
-        """Destroy every buffer this communicator created. Idempotent; not collective."""
+        """Destroy every buffer this communicator created. Idempotent; not collective. A
+        :attr:`failed` communicator stays failed: create a new one to go on."""
         for buf in reversed(self._buffers):
             buf.destroy()
         self._buffers.clear()
+
+
+def _check_nbytes(nbytes: object) -> None:
+    """``nbytes`` is a buffer size the core accepts (NOTE [size bounds] in
+    ``csrc/comm/symmetric_buffer.h``), checked here because a Python int may not even fit the
+    core's 64-bit sizes."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise InvalidArgumentError(f"nbytes must be a positive int, got {nbytes!r}")
+    limit = int(native().comm.max_buffer_bytes)
+    if nbytes > limit:
+        raise InvalidArgumentError(
+            f"nbytes {nbytes} exceeds the largest symmetric buffer, {limit} bytes (2**48)"
+        )
+
+
+def _raise_rendezvous_error(
+    label: object, statuses: list[bytes], rank: int, own: Exception | None
+) -> NoReturn:
+    """Raise, on every rank, the failure of a rendezvous whose first exchange carried an
+    ``error <class> <message>`` status from some rank: this rank's own error if it failed
+    itself, else the first failing rank's, as the same class of :mod:`overlap.errors`."""
+    failed = [r for r, s in enumerate(statuses) if not s.startswith(b"ok ")]
+    if own is not None and not isinstance(own, OverlapError):
+        raise own  # not ours to translate (e.g. a bug): keep its type and traceback
+    shown = rank if own is not None else failed[0]
+    parts = statuses[shown].decode(errors="replace").split(" ", 2)  # error <class> <message>
+    class_name, message = parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else ""
+    cls = type(own) if own is not None else getattr(errors, class_name, OverlapError)
+    if not (isinstance(cls, type) and issubclass(cls, OverlapError)):
+        cls = OverlapError
+    raise cls(
+        f"creating symmetric buffer {label!r} failed on ranks {failed}; rank {shown}: {message}"
+    ) from own

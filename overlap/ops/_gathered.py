@@ -36,18 +36,28 @@ class GatherState:
     dtype: torch.dtype
     k: int
     last: LastGather | None
+    generation: int = 0  # the buffer's generation right after the last call
+
+    def check(self) -> None:
+        """The last call's gather is still what the buffer holds (NOTE [buffer generation] in
+        overlap.comm.communicator): no op of any object sharing the buffer ran since."""
+        if self.last is None:
+            raise StateError(f"{self.op}: gathered_input() before the first call")
+        self.buffer.check_current(self.generation, f"{self.op}: the gathered input")
 
 
 def gathered_scale_invs(g: GatherState) -> torch.Tensor:
     """FP8: the float32 ``[tp]`` scale_invs of the last call's shards, from the buffer."""
     import torch
 
+    g.check()
     if g.last is None or g.last[2] is None:
         raise StateError(f"{g.op}: no FP8 call yet")
     shard_bytes = g.last[0] * g.k * g.dtype.itemsize
     scale_offset, _ = native().comm_ops.ag_gemm_layout(g.tp, shard_bytes, True)
-    # One 16-byte slot per rank (NOTE [ag_gemm layout]): the scale_inv is its first float.
-    return g.buffer.view(torch.float32, (g.tp, 4), offset=int(scale_offset))[:, 0]
+    # One slot per rank (NOTE [ag_gemm layout]): the scale_inv is its first float.
+    per_slot = int(native().comm_ops.SCALE_SLOT_BYTES) // 4
+    return g.buffer.view(torch.float32, (g.tp, per_slot), offset=int(scale_offset))[:, 0]
 
 
 def gathered_input(g: GatherState, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
@@ -60,11 +70,11 @@ def gathered_input(g: GatherState, *, check_scales: bool = True) -> torch.Tensor
     amax reduced over the group, which makes them equal by construction.
 
     Raises:
-        StateError: before the first call, or FP8 shards whose scale_invs differ.
+        StateError: before the first call, after another op on the buffer (it was
+            overwritten), or FP8 shards whose scale_invs differ.
     """
-    if g.last is None:
-        raise StateError(f"{g.op}: gathered_input() before the first call")
-    m, hp_dtype, fmt = g.last
+    g.check()
+    m, hp_dtype, fmt = g.last  # type: ignore[misc]
     rows = g.tp * m
     # The shards' own encoding (an E5M2 gradient may travel in an E4M3 op's buffer).
     data = g.buffer.view(g.dtype if fmt is None else fmt.fp8.torch_dtype, (rows, g.k))

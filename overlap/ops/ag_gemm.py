@@ -137,6 +137,7 @@ class AllGatherGemm:
         check_given_buffer(_OP, self.buffer, tp, nbytes)
         self._last: tuple[int, torch.dtype, DirectionFormat | None] | None = None
         self._kept = False  # whether the last call left the whole gathered input in the buffer
+        self._generation = 0  # the buffer's generation after the last call
 
     def __call__(
         self,
@@ -279,6 +280,7 @@ class AllGatherGemm:
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
         hp_dtype = x_shard.dtype if isinstance(x_shard, QuantizedTensor) else a.dtype
         self._last = (m, hp_dtype, fmt)
+        self._generation = self.buffer.generation
         self._kept = keep or self.pull_shards
         return tuple(outs) if several else outs[0]
 
@@ -310,7 +312,9 @@ class AllGatherGemm:
                 "written); pass keep_gathered=True to the call whose gathered input you need "
                 "(or construct the op with keep_gathered=True)"
             )
-        return GatherState(_OP, self.buffer, self.tp, self.dtype, self.in_features, self._last)
+        return GatherState(
+            _OP, self.buffer, self.tp, self.dtype, self.in_features, self._last, self._generation
+        )
 
     def destroy(self) -> None:
         """Free the buffer if the op created it (not a ``buffer=`` given to it). Idempotent;

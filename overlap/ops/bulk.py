@@ -236,6 +236,7 @@ class AllGatherBesideGemm:
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_AG, self.buffer, tp, nbytes)
         self._last: tuple[int, torch.dtype, DirectionFormat | None] | None = None
+        self._generation = 0  # the buffer's generation after the last call
 
     def __call__(
         self,
@@ -297,6 +298,7 @@ class AllGatherBesideGemm:
         )
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
         self._last = (m, x_shard.dtype, fmt)
+        self._generation = self.buffer.generation
         return g["out"]
 
     def gathered_input(self, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
@@ -320,7 +322,9 @@ class AllGatherBesideGemm:
         return gathered_scale_invs(self._gather_state())
 
     def _gather_state(self) -> GatherState:
-        return GatherState(_AG, self.buffer, self.tp, self.dtype, self.in_features, self._last)
+        return GatherState(
+            _AG, self.buffer, self.tp, self.dtype, self.in_features, self._last, self._generation
+        )
 
     def destroy(self) -> None:
         """Free the buffer if the op created it. Idempotent; not collective."""

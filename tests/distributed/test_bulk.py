@@ -26,6 +26,11 @@ def test_host_bulk_ops(scenario: str, nprocs: int, tp: int) -> None:
 
 
 @pytest.mark.mpi
+def test_host_bulk_op_mismatch_fails_the_communicator() -> None:
+    run_workers("bulk_worker.py", 2, ["mismatch", "2", "host"])
+
+
+@pytest.mark.mpi
 def test_host_bulk_op_absent_rank_times_out() -> None:
     run_workers("bulk_worker.py", 2, ["timeout", "2", "host"])
 

@@ -32,19 +32,36 @@ def test_absent_rank_times_out_with_a_typed_error() -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("scenario", "nprocs", "tp"),
+    [
+        ("dtype_mismatch", 2, 2),  # what changes the bytes exchanged is in the op record
+        ("out_of_step", 2, 2),  # NOTE [op sequence]: raised before any data moves
+        ("alias", 2, 2),  # reduce_scatter in/out inside the buffer: refused before the op
+        ("create_errors", 2, 2),  # sizes refused on every rank; shared memory reserved
+    ],
+    ids=str,
+)
+def test_host_fail_safe(scenario: str, nprocs: int, tp: int) -> None:
+    run_workers("collectives_worker.py", nprocs, [scenario, str(tp), "host"])
+
+
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_create_destroy_cycles_leak_nothing() -> None:
     run_workers("collectives_worker.py", 2, ["lifecycle", "2", "host"])
 
 
-# NOTE: the op-record check (collectives.cpp) is best effort on cuda, where hosts run ahead of
-# their GPUs, so the "mismatch" scenario is host-only.
+# NOTE: the op-record check (op_protocol.cpp) is best effort on cuda, where hosts run ahead of
+# their GPUs, so the "mismatch", "dtype_mismatch" and "out_of_step" scenarios are host-only.
 @pytest.mark.mpi
-@pytest.mark.parametrize("scenario", [*SCENARIOS, "timeout", "lifecycle"], ids=lambda s: s)
+@pytest.mark.parametrize(
+    "scenario", [*SCENARIOS, "timeout", "lifecycle", "alias", "create_errors"], ids=lambda s: s
+)
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_cuda_collectives(scenario: str, nprocs: int) -> None:
     _require_gpus(nprocs)
-    tp = nprocs if scenario not in ("timeout", "lifecycle") else 2
+    tp = nprocs if scenario not in ("timeout", "lifecycle", "create_errors") else 2
     run_workers("collectives_worker.py", nprocs, [scenario, str(tp), "cuda"])
 
 

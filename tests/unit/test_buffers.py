@@ -99,7 +99,11 @@ def test_layout_regions_are_aligned_and_disjoint(tp: int) -> None:
         end = 0
         for p in layout.parts:
             assert p.offset % ALIGNMENT == 0 and p.offset >= end, (formats, p)
-            assert p.slot_nbytes == math.prod(p.slot_shape) * p.dtype.itemsize
+            data_bytes = math.prod(p.slot_shape) * p.dtype.itemsize
+            # A per-tensor scale takes the runtime's scale slot (NOTE [one scale slot]).
+            per_tensor = p.kind.is_scale and formats[p.kind.columnwise] == TENSOR
+            assert p.slot_nbytes == (16 if per_tensor else data_bytes), (formats, p)
+            assert p.padded == per_tensor
             end = p.end
         assert layout.nbytes == end
         assert layout.gathered_shape == (tp * shape[0], *shape[1:])
@@ -514,3 +518,64 @@ def test_two_layers_on_one_buffer_keep_layer1_backward_exact(comm: Communicator,
     want_dw1 = dy1.t() @ xq.dequantize(columnwise=True)
     assert torch.equal(w1.grad, want_dw1)
     mgr.destroy()
+
+
+# ---- one model of a tensor in a buffer (NOTE [buffer generation], NOTE [one scale slot]) ----
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("shape", [(1, 16), (5, 48), (128, 256), (333, 1024)])
+def test_manager_and_op_lay_out_a_per_tensor_fp8_gather_alike(tp: int, shape: tuple) -> None:
+    from overlap._native import native
+
+    fmt = CurrentScalingQuantizer().formats
+    layout = gather_layout(shape, tp, formats=fmt, dtype=torch.bfloat16)
+    scale = layout.part(PartKind.ROWWISE_SCALE_INV)
+    shard_bytes = math.prod(shape)  # one byte per FP8 element
+    scale_offset, nbytes = native().comm_ops.ag_gemm_layout(tp, shard_bytes, True)
+    assert layout.part(PartKind.ROWWISE_DATA).offset == 0
+    assert (scale.offset, scale.slot_nbytes, layout.nbytes) == (
+        scale_offset,
+        native().comm_ops.SCALE_SLOT_BYTES,
+        nbytes,
+    )
+
+
+def test_alias_guard_knows_every_buffer(comm: Communicator) -> None:
+    """Not only a manager's buffers: an op's gathered input, a raw view of any buffer."""
+    from overlap.ops import AllGatherGemm
+
+    ag = AllGatherGemm(comm, 8, 16, torch.float32, keep_gathered=True)
+    ag(torch.randn(8, 16), torch.randn(4, 16))
+    kept = ag.gathered_input()
+    assert aliases_buffer(kept)
+    copy = saveable(kept)
+    assert copy is not kept and not aliases_buffer(copy) and torch.equal(copy, kept)
+    with pytest.raises(StateError, match="refusing to save"):
+        saveable(kept, policy=AliasPolicy.REFUSE)
+    raw = comm.create_buffer(64, "raw")
+    assert aliases_buffer(raw.view(torch.float32, (4,), offset=16))
+    raw.destroy()
+    ag.destroy()
+    assert not aliases_buffer(kept)  # a destroyed buffer's memory is nobody's buffer now
+
+
+def test_an_ops_gathered_input_goes_stale_at_the_next_op(comm: Communicator) -> None:
+    """Two ops sharing one buffer (as initialize_ub shares them): the first one's gathered
+    input is refused once the second one ran, instead of returning the second one's rows."""
+    from overlap.ops import AllGatherGemm
+
+    a = AllGatherGemm(comm, 8, 16, torch.float32, keep_gathered=True, name="shared")
+    b = AllGatherGemm(comm, 8, 16, torch.float32, keep_gathered=True, buffer=a.buffer)
+    x = torch.randn(8, 16)
+    a(x, torch.randn(4, 16))
+    assert torch.equal(a.gathered_input(), x)
+    b(torch.randn(8, 16), torch.randn(4, 16))
+    with pytest.raises(StateError, match="overwritten since"):
+        a.gathered_input()
+    assert b.gathered_input().shape == (8, 16)
+    mgr = GatherBuffer(a.buffer)  # a manager on the same buffer: its staging counts too
+    mgr.copy_into_buffer(torch.randn(2, 16))
+    with pytest.raises(StateError, match="overwritten since"):
+        b.gathered_input()
+    a.destroy()

@@ -328,10 +328,8 @@ class CudaTransport final : public Transport {
     DeviceGuard guard(device_);
     // Returns even when a peer never comes: the watchdog releases stuck waits.
     OVERLAP_CHECK_CUDA(cudaStreamSynchronize(stream));
-    watchdog_->raise_if_failed();
+    raise_if_failed();
   }
-
-  void raise_if_failed() const override { watchdog_->raise_if_failed(); }
 
   // Capturing without a graph log throws (graph_log_for).
   void check_stream(cudaStream_t stream) const override { cuda::graph_log_for(stream); }
@@ -373,6 +371,13 @@ class CudaTransport final : public Transport {
     cudaStream_t last = nullptr;
     std::unique_ptr<cuda::OwnedEvent> event;
   };
+
+  // NOTE [failed transport] in transport.h: a wait the watchdog timed out fails the transport
+  // (a timeout), unless another fault came first.
+  void poll_faults() const override {
+    const std::string timeout = watchdog_->failure();
+    if (!timeout.empty()) record_fault(ErrorKind::kTimeout, timeout);
+  }
 
   // The marker write of a ticket: the stream has reached this point (NOTE [watchdog]).
   static void write_marker_value(CUstream s, const cuda::Watchdog::Ticket& ticket) {

@@ -186,6 +186,20 @@ void GraphLog::prepare_replay(CUgraph graph, CUgraphExec exec, cudaStream_t stre
   if (collected_for_ != graph) collect_nodes(graph);
 
   // ---- the replay's epochs ------------------------------------------------------------------
+  // NOTE [failed transport] in transport.h: from the first epoch taken, an error leaves the
+  // buffers out of step with the peers, so it fails their transports.
+  try {
+    take_replay_epochs(exec, stream);
+  } catch (const Error& e) {
+    for (const Span& s : spans_) s.buf->transport().fail(e.kind(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    for (const Span& s : spans_) s.buf->transport().fail(ErrorKind::kInternal, e.what());
+    throw;
+  }
+}
+
+void GraphLog::take_replay_epochs(CUgraphExec exec, cudaStream_t stream) {
   std::vector<std::uint64_t> delta(spans_.size());
   for (std::size_t i = 0; i < spans_.size(); ++i) {
     Span& s = spans_[i];

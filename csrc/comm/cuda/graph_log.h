@@ -90,6 +90,8 @@ class GraphLog {
 
   std::size_t span_of(const void* flag) const;  // index into spans_, or npos
   void collect_nodes(CUgraph graph);
+  // prepare_replay() once every check has passed: takes the epochs and sets the nodes.
+  void take_replay_epochs(CUgraphExec exec, cudaStream_t stream);
 
   unsigned long long capture_id_;
   mutable std::mutex mu_;

@@ -58,22 +58,15 @@ void Watchdog::forget(const void* begin, std::size_t bytes) {
                  pending_.end());
 }
 
-bool Watchdog::failed() const {
+std::string Watchdog::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return !failure_.empty();
-}
-
-void Watchdog::raise_if_failed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failure_.empty()) return;
-  OVERLAP_THROW(kTimeout, failure_ << " [the cuda transport is unusable after a timeout: "
-                                      "destroy this communicator's buffers and recreate them]");
+  return failure_;
 }
 
 void Watchdog::fail(const Pending& p, std::uint64_t seen) {
   WaitContext ctx = p.ctx;
   ctx.op = p.op.c_str();
-  failure_ = describe_timeout(ctx, seen, p.value);
+  if (failure_.empty()) failure_ = describe_timeout(ctx, seen, p.value);  // the first one wins
   OVERLAP_WARN(failure_ << " -- releasing the GPU's " << pending_.size()
                         << " pending wait(s); the next op or synchronize() raises");
   for (Pending& q : pending_) __atomic_store_n(q.flag, q.value, __ATOMIC_RELEASE);

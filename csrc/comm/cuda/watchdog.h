@@ -7,10 +7,13 @@
 // watchdog thread knows when the GPU actually got there (the deadline counts from then, not
 // from when the host enqueued the wait: a long GEMM ahead in the stream is not a hang).
 // A wait still unsatisfied `timeout_s` later is a timeout: the watchdog logs it at once (never
-// a silent hang), records it for raise_if_failed(), and releases EVERY pending wait of the
-// transport by storing the awaited value into its flag (flags live in host memory, NOTE
-// [flags in host memory]), so that the GPU drains instead of spinning forever after the host
-// has given up. The transport is failed from then on: its buffers must be recreated.
+// a silent hang), records it (failure()), and releases EVERY pending wait of the transport by
+// storing the awaited value into its flag (flags live in host memory, NOTE [flags in host
+// memory]), so that the GPU drains instead of spinning forever after the host has given up.
+// The transport is failed from then on (NOTE [failed transport] in transport.h): the
+// communicator and its buffers must be recreated. The drained ops still run their puts and
+// signals, so a peer that comes late may complete the timed-out op itself (with whatever this
+// rank's drained op gave it); only this rank's later ops are refused.
 //
 // NOTE [one marker per op]: each marker write is a stream memory operation with a memory
 // barrier (about 2.5 us of its stream's time; the v2 memop API rejects
@@ -77,9 +80,8 @@ class Watchdog {
   bool is_marker(const void* p) const;
   // Drops pending waits whose flag lies in [begin, begin + bytes) (the flags are unmapped).
   void forget(const void* begin, std::size_t bytes);
-  // Throws kTimeout with the first timeout's message, if there was one.
-  void raise_if_failed() const;
-  bool failed() const;
+  // The first timeout's message ("" if there was none).
+  std::string failure() const;
 
  private:
   using Clock = std::chrono::steady_clock;

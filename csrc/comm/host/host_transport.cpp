@@ -8,9 +8,11 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "comm/host/shm_region.h"
+#include "comm/symmetric_buffer.h"
 #include "comm/transport.h"
 #include "common/errors.h"
 #include "kernels/reduce.h"
@@ -57,6 +59,10 @@ class HostTransport final : public Transport {
   TransportKind kind() const override { return TransportKind::kHost; }
 
   std::unique_ptr<LocalRegion> allocate(std::size_t bytes, const std::string& tag) override {
+    // SymmetricBuffer bounds `bytes` (kMaxBytes), so the segment's size cannot wrap around.
+    OVERLAP_CHECK_ARG(bytes <= SymmetricBuffer::kMaxBytes,
+                      "host transport: " << bytes << " bytes exceed the largest buffer, "
+                                         << SymmetricBuffer::kMaxBytes);
     return std::make_unique<HostRegion>("/overlap-" + tag, bytes);
   }
 
@@ -65,7 +71,9 @@ class HostTransport final : public Transport {
     std::string prefix, name;
     std::size_t bytes = 0;
     iss >> prefix >> bytes >> name;
-    OVERLAP_CHECK(prefix == kHandlePrefix && !name.empty() && bytes > kFlagBytes, kBootstrap,
+    OVERLAP_CHECK(prefix == kHandlePrefix && !name.empty() && bytes > kFlagBytes &&
+                      bytes - kFlagBytes <= SymmetricBuffer::kMaxBytes,
+                  kBootstrap,
                   "malformed host-transport handle '"
                       << handle << "': do all ranks use the host transport and one overlap build?");
     return std::make_unique<HostMapping>(name, bytes);
@@ -102,8 +110,11 @@ class HostTransport final : public Transport {
       // Ranks may outnumber cores (tests oversubscribe): yield instead of burning a core.
       if (spins % 64 == 0) sched_yield();
       if (spins % 1024 == 0 && Clock::now() > deadline) {
-        OVERLAP_THROW(kTimeout,
-                      describe_timeout(ctx, __atomic_load_n(flag, __ATOMIC_ACQUIRE), value));
+        // NOTE [failed transport]: the peers' epochs are out of step with ours from here on.
+        const std::string what =
+            describe_timeout(ctx, __atomic_load_n(flag, __ATOMIC_ACQUIRE), value);
+        fail(ErrorKind::kTimeout, what);
+        OVERLAP_THROW(kTimeout, what);
       }
     }
   }
@@ -137,7 +148,8 @@ class HostTransport final : public Transport {
     gemm::gemm_host(a, b, d, options);
   }
 
-  void synchronize(cudaStream_t) override {}
+  // Program order: everything issued has run; only a failure is left to raise.
+  void synchronize(cudaStream_t) override { raise_if_failed(); }
 };
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <limits>
+#include <string>
 
 #include "common/errors.h"
 
@@ -31,6 +33,24 @@ void* map_fd(int fd, std::size_t bytes, const std::string& name) {
   return p;
 }
 
+// NOTE [shm reservation]: ftruncate only sets a shared-memory file's size; tmpfs allocates its
+// pages when they are first touched, and a page that no longer fits (the tmpfs is full, or
+// smaller than the segment) kills the process with SIGBUS in the middle of some later op.
+// Reserving every page at creation (posix_fallocate, which tmpfs supports) turns that into a
+// typed error where the buffer is created, at the cost of committing the memory up front, which
+// the buffer's ops write anyway. Verdict: reserve.
+void reserve(int fd, std::size_t bytes, const std::string& name) {
+  int err = 0;
+  do {
+    err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  } while (err == EINTR);
+  OVERLAP_CHECK(err == 0, kSystem,
+                "reserving " << bytes << " bytes of shared memory for '" << name
+                             << "' failed: " << detail::errno_string(err)
+                             << " (is /dev/shm large enough? `df -h /dev/shm` shows its free "
+                                "space; docker: --shm-size)");
+}
+
 }  // namespace
 
 ShmSegment::ShmSegment(std::string name, std::size_t bytes) : name_(std::move(name)), size_(bytes) {
@@ -40,9 +60,13 @@ ShmSegment::ShmSegment(std::string name, std::size_t bytes) : name_(std::move(na
   FdCloser closer{fd};
   linked_ = true;
   try {
+    OVERLAP_CHECK(bytes <= static_cast<std::size_t>(std::numeric_limits<off_t>::max()), kSystem,
+                  "shared-memory segment '" << name_ << "' of " << bytes
+                                            << " bytes is larger than a file can be");
     OVERLAP_CHECK_ERRNO(::ftruncate(fd, static_cast<off_t>(bytes)),
                         "ftruncate of shared memory '" << name_ << "' to " << bytes
                                                        << " bytes (is /dev/shm large enough?)");
+    reserve(fd, bytes, name_);
     data_ = map_fd(fd, bytes, name_);
   } catch (...) {
     unlink();

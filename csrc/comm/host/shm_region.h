@@ -6,7 +6,8 @@
 
 namespace overlap::comm {
 
-// A segment this process created: shm_open(O_CREAT | O_EXCL, 0600) + ftruncate + mmap.
+// A segment this process created: shm_open(O_CREAT | O_EXCL, 0600) + ftruncate +
+// posix_fallocate (NOTE [shm reservation] in shm_region.cpp) + mmap.
 // NOTE [shm names]: the name is removed (shm_unlink) as soon as every peer has mapped it, so
 // a crash afterwards leaks nothing; the destructor unlinks too if that never happened.
 class ShmSegment {

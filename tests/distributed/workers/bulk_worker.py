@@ -1,7 +1,7 @@
 """Bulk overlap ops against their references (plain collective + plain GEMM).
 
 Usage: bulk_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, delayed, negative, timeout.
+Scenarios: correctness, delayed, negative, mismatch, timeout.
 
 The collectives are compared bit for bit on both transports (the gathered bytes and scales;
 the reduce-scatter sums in rank order with fp32 accumulation, as the reference does). The side
@@ -16,6 +16,7 @@ import contextlib
 import random
 import sys
 import time
+from collections.abc import Callable
 
 import _worker
 import torch
@@ -240,7 +241,8 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
 
 
 def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
-    """Rejected calls raise typed errors before communicating; the ops stay usable."""
+    """Rejected calls raise typed errors before communicating; the ops stay usable. (Calls
+    that do communicate, with arguments that differ across ranks: ``mismatch``.)"""
     n, m, k = tp.size, 8, 32
     ag = AllGatherBesideGemm(comm, n * m, k, torch.bfloat16)
     rs = ReduceScatterBesideGemm(comm, n * m, k, torch.bfloat16)
@@ -271,12 +273,7 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     )
     if DEVICE.type == "cuda":
         raises(InvalidArgumentError, "cuda", lambda: ag(x.cpu(), a, b))
-    if DEVICE.type == "cpu":  # op records: best effort on cuda (op_protocol.cpp NOTE)
-        short = rand(m - (tp.rank == 0), k, gen)
-        raises(StateError, "different sizes", lambda: ag(short, a, b))
-        rs.pieces = 2 if tp.rank == 0 else 1  # in the op record (NOTE [bulk_rs pieces])
-        raises(StateError, "different sizes", lambda: rs(partial, a, b))
-        rs.pieces = 1
+    assert not comm.failed
     # Still usable, with matching results.
     y = ag(x, a, b)
     gathered, want = all_gather_beside_gemm_reference(x, a, b, group=tp.group)
@@ -288,6 +285,35 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     ag.destroy()
     raises(StateError, "destroyed", lambda: ag(x, a, b))
     rs.destroy()
+
+
+def mismatch(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """Ranks calling a bulk op with arguments that differ get a typed error from the op-record
+    check (host transport; best effort on cuda), and the communicator is failed (NOTE [failed
+    transport]): each case runs on a new one, whose side GEMM still ran."""
+    n, m, k = tp.size, 8, 32
+    a, b = rand(16, 32, gen), rand(32, 16, gen)
+    transport = comm.transport
+    comm.destroy()
+
+    def short_shard(c: Communicator) -> Callable[[], object]:
+        ag = AllGatherBesideGemm(c, n * m, k, torch.bfloat16)
+        short = rand(m - (tp.rank == 0), k, gen)
+        return lambda: ag(short, a, b)
+
+    def pieces(c: Communicator) -> Callable[[], object]:
+        rs = ReduceScatterBesideGemm(c, n * m, k, torch.bfloat16)
+        rs.pieces = 2 if tp.rank == 0 else 1  # in the op record (NOTE [bulk_rs pieces])
+        partial = rand(n * m, k, gen)
+        return lambda: rs(partial, a, b)
+
+    for case in (short_shard, pieces):
+        c = Communicator(tp, transport, timeout_s=30)
+        call = case(c)
+        _worker.expect_raises(StateError, "different sizes", call)
+        _worker.expect_raises(StateError, "failed earlier", call)
+        assert c.failed and "different sizes" in (c.failure or ""), c.failure
+        c.destroy()
 
 
 def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
@@ -325,6 +351,7 @@ def main() -> None:
         "correctness": correctness,
         "delayed": delayed,
         "negative": negative,
+        "mismatch": mismatch,
         "timeout": timeout,
     }[scenario](comm, tp, gen)
     comm.destroy()

@@ -1,7 +1,8 @@
 """Collectives on symmetric buffers, checked against torch.distributed (gloo, on CPU copies).
 
 Usage: collectives_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, delayed, timeout, queued, lifecycle, negative, views, mismatch.
+Scenarios: correctness, delayed, timeout, queued, lifecycle, negative, views, mismatch,
+dtype_mismatch, out_of_step, alias, create_errors.
 
 On the cuda transport each rank uses ``cuda:<local rank>``; ops are stream-ordered and
 asynchronous, so results are compared after the current stream's work (``.cpu()`` syncs).
@@ -13,18 +14,20 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 
 import _worker
 import torch
 import torch.distributed as dist
 
-from overlap.comm import Communicator, TorchBootstrap
+from overlap.comm import Communicator, SymmetricBuffer, TorchBootstrap
 from overlap.errors import (
     BootstrapError,
     CommTimeoutError,
     ConfigError,
     InvalidArgumentError,
     StateError,
+    SystemResourceError,
 )
 
 DTYPES = [torch.bfloat16, torch.float32, torch.uint8]  # uint8 stands for FP8 bytes
@@ -122,12 +125,16 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
 
 
 def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
-    """A rank that never joins: the others raise CommTimeoutError within the deadline + 5 s."""
+    """A rank that never joins: the others raise CommTimeoutError within the deadline + 5 s;
+    the communicator is then failed (NOTE [failed transport]): every later op on any of its
+    buffers raises at once, naming the timeout, until a new communicator replaces it."""
     buf = comm.create_buffer(4096)
-    buf._core.timeout_s = 1.0
+    other = comm.create_buffer(4096)
+    buf.timeout_s = 1.0
     absent = tp.size - 1
     if tp.rank == absent:
         time.sleep(3.0)  # stays alive but never calls the op
+        assert not comm.failed
     else:
         t0 = time.monotonic()
         try:
@@ -141,9 +148,25 @@ def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
             assert f"peer {absent}" in msg or "peer" in msg, msg
         else:
             raise AssertionError("all_gather with an absent rank did not time out")
-        # After a timeout the communicator refuses further ops with the same typed error.
-        _worker.expect_raises(CommTimeoutError, "timed out", buf.barrier)
+        # After a timeout the communicator refuses further ops with the same typed error, at
+        # once, on every buffer (where another wait would take 30 s).
+        buf.timeout_s = 30.0
+        ones = torch.ones(4, device=DEVICE)
+        for op in (buf.barrier, other.barrier, lambda: other.all_gather(ones)):
+            t0 = time.monotonic()
+            _worker.expect_raises(CommTimeoutError, "failed earlier", op)
+            assert time.monotonic() - t0 < 5.0, "a failed communicator waited again"
+            _worker.expect_raises(CommTimeoutError, f"rank {tp.rank} timed out", op)
+        assert comm.failed and "all_gather" in (comm.failure or ""), comm.failure
+    # A failed rank refuses new buffers too, and so, through the rendezvous, do its peers.
+    _worker.expect_raises(CommTimeoutError, "failed earlier", lambda: comm.create_buffer(64))
     buf.destroy()
+    comm.destroy()
+    # A new communicator works (every rank, the absent one included).
+    fresh = Communicator(tp, comm.transport, timeout_s=30)
+    x = random_tensor(4, 4, torch.float32, gen)
+    assert torch.equal(fresh.create_buffer(4096).all_gather(x), reference_all_gather(tp, x))
+    fresh.destroy()
 
 
 def queued(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
@@ -294,8 +317,24 @@ def views(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
     del mine, v, fp8
 
 
+def _expect_failed(
+    comm: Communicator, buf: SymmetricBuffer, exc_type: type[BaseException], fault: str
+) -> None:
+    """``comm`` failed with ``fault``: a later op on ``buf`` raises ``exc_type`` at once
+    (where another wait would take 30 s), naming it; then ``comm`` is destroyed."""
+    buf.timeout_s = 30.0
+    t0 = time.monotonic()
+    _worker.expect_raises(exc_type, "failed earlier", buf.barrier)
+    _worker.expect_raises(exc_type, fault, buf.barrier)
+    assert time.monotonic() - t0 < 5.0, "a failed communicator waited again"
+    assert comm.failed and fault in (comm.failure or ""), comm.failure
+    comm.destroy()
+
+
 def mismatch(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
-    """Ranks calling different collectives (or sizes) get a typed error naming both calls."""
+    """Ranks calling different collectives (or sizes) get a typed error naming both calls,
+    and the communicator is failed (NOTE [failed transport]): a later op raises at once; a
+    new communicator works."""
     buf = comm.create_buffer(1 << 16)
     first_half = tp.rank < tp.size // 2
     x = random_tensor(4 * tp.size, 8, torch.float32, gen)
@@ -304,14 +343,131 @@ def mismatch(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
         "collective mismatch",
         lambda: buf.all_gather(x) if first_half else buf.reduce_scatter(x),
     )
+    _expect_failed(comm, buf, StateError, "collective mismatch")
+    comm = Communicator(tp, comm.transport, timeout_s=30)
+    buf = comm.create_buffer(1 << 16)
     rows = 4 + (tp.rank == 0)
     _worker.expect_raises(
         StateError,
         "different sizes",
         lambda: buf.all_gather(random_tensor(rows, 8, torch.float32, gen)),
     )
-    # The buffer still works once every rank calls the same op again.
+    _expect_failed(comm, buf, StateError, "different sizes")
+    # A new communicator works once every rank calls the same op again.
+    comm = Communicator(tp, comm.transport, timeout_s=30)
+    buf = comm.create_buffer(1 << 16)
     x = random_tensor(8, 8, torch.float32, gen)
+    assert torch.equal(buf.all_gather(x), reference_all_gather(tp, x))
+    comm.destroy()
+
+
+def dtype_mismatch(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """What changes the bytes exchanged is part of the op record: ranks that reduce-scatter
+    different dtypes of one size, all-gather different dtypes of one size, or gather by pulls
+    against pushes get a collective mismatch instead of garbage."""
+    first_half = tp.rank < tp.size // 2
+    transport = comm.transport
+    comm.destroy()
+
+    def case(call: Callable[[SymmetricBuffer], object]) -> None:
+        c = Communicator(tp, transport, timeout_s=30)
+        buf = c.create_buffer(1 << 16)
+        _worker.expect_raises(StateError, "different sizes, dtypes or settings", lambda: call(buf))
+        _expect_failed(c, buf, StateError, "collective mismatch")
+
+    # reduce_scatter, bf16 against fp16
+    y = random_tensor(4 * tp.size, 8, torch.bfloat16 if first_half else torch.float16, gen)
+    case(lambda b: b.reduce_scatter(y))
+    # all_gather, float32 against int32
+    z = torch.ones(4, 8, dtype=torch.float32 if first_half else torch.int32, device=DEVICE)
+    case(lambda b: b.all_gather(z))
+    # all_gather by pulls against pushes
+    x = random_tensor(4, 8, torch.float32, gen)
+
+    def pulls_against_pushes(b: SymmetricBuffer) -> object:
+        b.pull_gather = first_half
+        return b.all_gather(x)
+
+    case(pulls_against_pushes)
+
+
+def out_of_step(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """NOTE [op sequence]: a rank whose op sequence is out of step (here rank 0 skips epochs
+    through a test hook, as a failed op once did) is detected on the host transport before
+    any data moves: its peers raise at once instead of pairing their op with another one of
+    rank 0's; rank 0, whose peers never reach its epoch, times out. Both fail."""
+    buf = comm.create_buffer(4096)
+    buf.timeout_s = 1.0 if tp.rank == 0 else 30.0
+    x = random_tensor(4, 4, torch.float32, gen)
+    assert torch.equal(buf.all_gather(x), reference_all_gather(tp, x))
+    if tp.rank == 0:
+        buf._core._skip_epochs_for_test(4)
+        _worker.expect_raises(CommTimeoutError, "timed out", lambda: buf.all_gather(x))
+        _expect_failed(comm, buf, CommTimeoutError, "timed out")
+    else:
+        t0 = time.monotonic()
+        _worker.expect_raises(StateError, "out of step", lambda: buf.all_gather(x))
+        assert time.monotonic() - t0 < 10.0, "the out-of-step op waited for its deadline"
+        _expect_failed(comm, buf, StateError, "out of step")
+
+
+def alias(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """A reduce-scatter output inside the buffer (ours or a peer's region, which the peers
+    read during the op) and an input inside it other than the partials in place are refused
+    before the op communicates: the buffer stays usable."""
+    buf = comm.create_buffer(1 << 16)
+    y = random_tensor(4 * tp.size, 8, torch.float32, gen)
+    peer = (tp.rank + 1) % tp.size
+    for where in (tp.rank, peer):
+        out = buf.view(torch.float32, (4, 8), offset=y.nbytes, peer=where)
+        _worker.expect_raises(
+            InvalidArgumentError, "output overlaps", lambda o=out: buf.reduce_scatter(y, o)
+        )
+    inside = buf.view(torch.float32, y.shape, offset=256)
+    _worker.expect_raises(
+        InvalidArgumentError, "input overlaps", lambda: buf.reduce_scatter(inside)
+    )
+    mine = buf.view(torch.float32, y.shape)
+    _worker.expect_raises(
+        InvalidArgumentError, "output overlaps", lambda: buf.reduce_scatter(mine, mine[:4])
+    )
+    assert not comm.failed
+    assert torch.equal(buf.reduce_scatter(y), reference_reduce_scatter(tp, y))
+    buf.destroy()
+
+
+def create_errors(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """Sizes a rank refuses raise typed errors on every rank, never a hang or a crash
+    (NOTE [size bounds]); shared memory is reserved at creation (NOTE [shm reservation]), so
+    a /dev/shm too small is a SystemResourceError now, not a SIGBUS in a later op."""
+    huge = 2**64 - 1
+    for nbytes in (huge, 2**64, 2**48 + 1):
+        _worker.expect_raises(
+            InvalidArgumentError, "exceeds", lambda n=nbytes: comm.create_buffer(n)
+        )
+    # One rank alone asks for too much: every rank raises, typed, and none waits for it.
+    one = huge if tp.rank == 0 else 4096
+    _worker.expect_raises(InvalidArgumentError, "rank 0: nbytes", lambda: comm.create_buffer(one))
+    bad: object = "many" if tp.rank == tp.size - 1 else 4096
+    _worker.expect_raises(
+        InvalidArgumentError,
+        "positive int",
+        lambda: comm.create_buffer(bad),  # type: ignore[arg-type]
+    )
+    if DEVICE.type == "cpu":
+        st = os.statvfs("/dev/shm")
+        total = st.f_blocks * st.f_frsize
+        if total > 0:  # a size-limited tmpfs: more than all of it cannot be reserved
+            big = total + (1 << 20) if tp.rank == 0 else 4096
+            _worker.expect_raises(
+                SystemResourceError, "shared memory", lambda: comm.create_buffer(big)
+            )
+            tp.barrier()  # every rank has freed its segment
+            assert not _shm_entries(comm), _shm_entries(comm)
+            tp.barrier()  # before any rank creates the next one
+    assert not comm.failed
+    buf = comm.create_buffer(4096)
+    x = random_tensor(4, 4, torch.float32, gen)
     assert torch.equal(buf.all_gather(x), reference_all_gather(tp, x))
     buf.destroy()
 
@@ -330,6 +486,10 @@ def main() -> None:
         "negative": negative,
         "views": views,
         "mismatch": mismatch,
+        "dtype_mismatch": dtype_mismatch,
+        "out_of_step": out_of_step,
+        "alias": alias,
+        "create_errors": create_errors,
     }[scenario](comm, tp, gen)
     comm.destroy()
 

@@ -1,7 +1,8 @@
 """Comm-GEMM overlap ops against their references (plain collective + plain GEMM).
 
 Usage: overlap_ops_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, delayed, negative, timeout, timeout_pull, timeout_ring.
+Scenarios: correctness, delayed, negative, mismatch, timeout, timeout_pull, timeout_ring,
+ring_then_pipelined, pieces_then_one.
 
 On the host transport the GEMM is the float64-accurate reference, so the overlapped ops must
 match the references bit for bit (chunking rows does not change a row's value, and both sum
@@ -23,7 +24,7 @@ from collections.abc import Callable
 import _worker
 import torch
 
-from overlap.comm import Communicator, TorchBootstrap
+from overlap.comm import Communicator, SymmetricBuffer, TorchBootstrap
 from overlap.errors import (
     CommTimeoutError,
     ConfigError,
@@ -315,7 +316,8 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
 
 
 def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
-    """Rejected calls raise typed errors before communicating; the ops stay usable."""
+    """Rejected calls raise typed errors before communicating; the ops stay usable. (Calls
+    that do communicate, with arguments that differ across ranks: ``mismatch``.)"""
     n, m, k, nout = tp.size, 8, 32, 16
     ag = AllGatherGemm(comm, n * m, k, torch.bfloat16)
     rs = GemmReduceScatter(comm, n * m, nout, torch.bfloat16)
@@ -337,18 +339,6 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     raises(InvalidArgumentError, "list/tuple of 2", lambda: ag(x, [w, w], out=[None]))
     if DEVICE.type == "cuda":
         raises(InvalidArgumentError, "cuda", lambda: ag(x.cpu(), w.cpu()))
-    if DEVICE.type == "cpu":  # op records: best effort on cuda (collectives.cpp NOTE)
-        short = rand(m - (tp.rank == 0), k, gen)
-        raises(StateError, "different sizes", lambda: ag(short, w))
-        ag.pieces = 2 if tp.rank == 0 else 1  # pieces are part of the op record
-        raises(StateError, "different sizes", lambda: ag(x, w))
-        ag.pieces = 1
-        ag.pull_shards = tp.rank == 0  # so is the pull schedule
-        raises(StateError, "different sizes", lambda: ag(x, w))
-        ag.pull_shards = False
-        rs.pieces = 3 if tp.rank == 0 else 2
-        raises(StateError, "different sizes", lambda: rs(rand(n * m, k, gen), w))
-        rs.pieces = 1
     # The ring method: the same argument rules, and its own.
     ring = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, method="ring", buffer=rs.buffer)
     y = rand(n * m, k, gen)
@@ -390,12 +380,7 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
         "pull_shards applies to the ring method",
         lambda: GemmReduceScatter(comm, n, 16, torch.bfloat16, pull_shards=True),
     )
-    if DEVICE.type == "cpu":  # op records: best effort on cuda
-        mixed = ring if tp.rank == 0 else rs
-        raises(StateError, "collective mismatch", lambda: mixed(y, w))
-        ring.pull_shards = tp.rank == 0  # one rank pulls, the others push
-        raises(StateError, "different sizes", lambda: ring(y, w))
-        ring.pull_shards = False
+    assert not comm.failed
     # Still usable, with matching results.
     want, _ = all_gather_gemm_reference(x, w, group=tp.group)
     close(ag(x, w), want, "ag_gemm after rejected calls")
@@ -406,6 +391,52 @@ def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> No
     raises(StateError, "destroyed", lambda: ag(x, w))
     rs.destroy()
     raises(StateError, "destroyed", lambda: ring(y, w))
+
+
+def mismatch(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """Ranks calling an op with arguments that differ (sizes, pieces, schedules, methods) get
+    a typed error from the op-record check (host transport; best effort on cuda), and the
+    communicator is failed (NOTE [failed transport]): each case runs on a new one."""
+    n, m, k, nout = tp.size, 8, 32, 16
+    first = tp.rank == 0
+    x, w, y = rand(m, k, gen), rand(nout, k, gen), rand(n * m, k, gen)
+    transport = comm.transport
+    comm.destroy()
+
+    def case(match: str, call: Callable[[Communicator], object]) -> None:
+        c = Communicator(tp, transport, timeout_s=30)
+        _worker.expect_raises(StateError, match, lambda: call(c))
+        _worker.expect_raises(StateError, "failed earlier", lambda: call(c))  # even new ops
+        assert c.failed and match in (c.failure or ""), c.failure
+        c.destroy()
+
+    def ag(c: Communicator, **settings: object) -> AllGatherGemm:
+        """An AG+GEMM whose settings differ by rank AFTER its (collective) construction."""
+        op = AllGatherGemm(c, n * m, k, torch.bfloat16)
+        for name, value in settings.items():
+            setattr(op, name, value)
+        return op
+
+    def rs(c: Communicator, method: str = "pipelined", **settings: object) -> GemmReduceScatter:
+        """The same for a GEMM+RS; the ring on the pipelined method's buffer."""
+        piped = GemmReduceScatter(c, n * m, nout, torch.bfloat16)
+        op = piped
+        if method == "ring":
+            op = GemmReduceScatter(
+                c, n * m, nout, torch.bfloat16, method=method, buffer=piped.buffer
+            )
+        for name, value in settings.items():
+            setattr(op, name, value)
+        return op
+
+    short = rand(m - first, k, gen)
+    case("different sizes", lambda c: ag(c)(short, w))
+    case("different sizes", lambda c: ag(c, pieces=2 if first else 1)(x, w))  # in the record
+    case("different sizes", lambda c: ag(c, pull_shards=first)(x, w))  # so is the schedule
+    case("different sizes", lambda c: rs(c, pieces=3 if first else 2)(y, w))
+    # The ring against the pipelined method on one buffer, and the ring's pulls against pushes.
+    case("collective mismatch", lambda c: rs(c, method="ring" if first else "pipelined")(y, w))
+    case("different sizes", lambda c: rs(c, method="ring", pull_shards=first)(y, w))
 
 
 def _fp8_rs_without_scale(
@@ -456,6 +487,84 @@ def timeout_ring(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -
     rs.destroy()
 
 
+def ring_then_pipelined(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """Issue 32's repro: a ring GEMM+RS on which one rank stalls past the deadline, then a
+    pipelined GEMM+RS on the same buffer (as initialize_ub() shares it)."""
+    n, m, k, nout = tp.size, 4, 16, 16
+    rs = GemmReduceScatter(comm, n * m, nout, torch.bfloat16)
+    ring = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, method="ring", buffer=rs.buffer)
+    x, w = rand(n * m, k, gen), rand(nout, k, gen)
+    _timeout_then_next(
+        comm, tp, ring.buffer, "gemm_rs_ring", first=lambda: ring(x, w), second=lambda: rs(x, w)
+    )
+    fresh = Communicator(tp, comm.transport, timeout_s=30)
+    rs = GemmReduceScatter(fresh, n * m, nout, torch.bfloat16)
+    close(rs(x, w), gemm_reduce_scatter_reference(x, w, group=tp.group), "on a new communicator")
+    fresh.destroy()
+
+
+def pieces_then_one(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """The same for an AG+GEMM in three pieces, then in one, on the same buffer."""
+    n, m, k, nout = tp.size, 4, 16, 16
+    ag = AllGatherGemm(comm, n * m, k, torch.bfloat16, pieces=3)
+    x, w = rand(m, k, gen), rand(nout, k, gen)
+
+    def in_one_piece() -> object:
+        ag.pieces = 1
+        return ag(x, w)
+
+    _timeout_then_next(comm, tp, ag.buffer, "ag_gemm", first=lambda: ag(x, w), second=in_one_piece)
+    fresh = Communicator(tp, comm.transport, timeout_s=30)
+    ag = AllGatherGemm(fresh, n * m, k, torch.bfloat16)
+    want, _ = all_gather_gemm_reference(x, w, group=tp.group)
+    close(ag(x, w), want, "on a new communicator")
+    fresh.destroy()
+
+
+def _timeout_then_next(
+    comm: Communicator,
+    tp: TorchBootstrap,
+    buffer: SymmetricBuffer,
+    op: str,
+    *,
+    first: Callable[[], object],
+    second: Callable[[], object],
+) -> None:
+    """The last rank stalls (1.5 s) past the 1 s deadline of the first op: every rank raises
+    a timeout in it (the others waiting for the stalled rank, the stalled rank waiting for
+    data they never sent); then NO rank returns a result from the second op on the same
+    buffer, nor from an op on another buffer: each raises at once, naming the first fault
+    (NOTE [failed transport]). The communicator is destroyed at the end."""
+    other = comm.create_buffer(4096)
+    buffer.timeout_s = 1.0
+    if tp.rank == tp.size - 1:
+        time.sleep(1.5)
+    try:
+        first()
+        buffer.synchronize()
+    except CommTimeoutError as exc:
+        assert op in str(exc) and "timed out" in str(exc), str(exc)
+    else:
+        raise AssertionError(f"{op} with a stalled rank did not time out")
+    buffer.timeout_s = 30.0  # another wait would take this long
+    ones = torch.ones(4, device=DEVICE)
+    for label, call in (
+        ("the next op", second),
+        ("another buffer", lambda: other.all_gather(ones)),
+    ):
+        t0 = time.monotonic()
+        try:
+            got = call()
+            buffer.synchronize()
+        except CommTimeoutError as exc:
+            assert "failed earlier" in str(exc) and op in str(exc), str(exc)
+        else:
+            raise AssertionError(f"{label} after a timeout returned a result: {got}")
+        assert time.monotonic() - t0 < 5.0, f"{label} after a timeout waited again"
+    assert comm.failed and op in (comm.failure or ""), comm.failure
+    comm.destroy()
+
+
 def _absent_rank(tp: TorchBootstrap, buffer: object, op: str, call: Callable[[], object]) -> None:
     buffer._core.timeout_s = 1.0  # type: ignore[attr-defined]
     absent = tp.size - 1
@@ -486,6 +595,9 @@ def main() -> None:
         "timeout": timeout,
         "timeout_pull": timeout_pull,
         "timeout_ring": timeout_ring,
+        "mismatch": mismatch,
+        "ring_then_pipelined": ring_then_pipelined,
+        "pieces_then_one": pieces_then_one,
     }[scenario](comm, tp, gen)
     comm.destroy()
 
