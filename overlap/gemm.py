@@ -390,7 +390,7 @@ class GemmProblem:
     """One GEMM key to pre-tune: the arguments of :func:`gemm` that decide the algorithm.
 
     The tensors :func:`autotune` makes for it are contiguous and 256-byte aligned (like
-    torch's allocations and the row chunks of the overlap ops for the shapes of DESIGN.md
+    torch's allocations and the row chunks of the overlap ops for the shapes of docs/design.md
     §6), so the key matches a :func:`gemm` call with contiguous tensors of these shapes.
 
     Attributes:

@@ -25,7 +25,7 @@ __all__ = [
     "mpirun_command",
 ]
 
-# Variables every mpirun launch forwards to its ranks (DESIGN.md §7: no NVLink multicast).
+# Variables every mpirun launch forwards to its ranks (docs/design.md §7: no NVLink multicast).
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -176,7 +176,7 @@ def mpirun_command(
     Adds ``--oversubscribe`` (more ranks than cores is fine for tests), ``--allow-run-as-root``
     when running as root, ``--bind-to none``, ``--tag-output`` (rank prefixes on every output
     line, unless ``tag_output`` is false), and ``-x NAME=VALUE`` for every
-    entry of ``env`` plus the no-multicast variables of DESIGN.md §7.
+    entry of ``env`` plus the no-multicast variables of docs/design.md §7.
     """
     if nprocs < 1:
         raise ConfigError(f"nprocs must be >= 1, got {nprocs}")

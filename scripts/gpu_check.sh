@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU runner for a GPU machine WITHOUT network access (DESIGN.md §7): the image already holds
+# GPU runner for a GPU machine WITHOUT network access (docs/design.md §7): the image already holds
 # CUDA, torch, pybind11, scikit-build-core, cmake, ninja, pytest, mpi4py and OpenMPI.
 #
 #   scripts/gpu_check.sh LOG_DIR [STEP...]
@@ -9,7 +9,7 @@
 # the cuda transport's collectives and buffer managers), bench (the main job),
 # kernels (quantization/reduction kernel bandwidth), gemm (GEMM vs torch), quant-gpu (the
 # CUDA quantization kernels' tests), ops-cuda and ops-bench (the overlap ops' multi-rank
-# tests and benchmark on all local GPUs; ops-bench-full: the whole DESIGN.md §6 suite, give it
+# tests and benchmark on all local GPUs; ops-bench-full: the whole docs/design.md §6 suite, give it
 # STEP_TIMEOUT_S=900), graphs-cuda (CUDA graphs of comm ops), layers-cuda and layers-bench
 # (the tensor-parallel layers' multi-rank tests and benchmark on all local GPUs;
 # LAYERS_BENCH_ARGS adds options, e.g. "--full"), transformer-bench (one transformer layer

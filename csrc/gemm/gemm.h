@@ -15,7 +15,7 @@
 // A linear layer's forward Y = X W^T is A = X [tokens, in] and B = W [out, in] transposed.
 //
 // NOTE [fp8 layout]: cuBLASLt FP8 GEMMs on sm_90 only exist for both operands K-contiguous
-// ("TN" in cuBLAS terms, DESIGN.md §4): A not transposed and B transposed, in row-major terms.
+// ("TN" in cuBLAS terms, docs/design.md §4): A not transposed and B transposed, in row-major terms.
 // Other layouts of FP8 operands raise kUnsupported on sm_90 (pass the columnwise data, the
 // transpose, instead); the host reference and newer GPUs accept them for per-tensor scaling.
 //
@@ -29,7 +29,7 @@
 // scaled operands must be K-contiguous (the blocks run along K) and the GEMM converts their
 // scales to cuBLASLt's layout itself (NOTE [cublaslt block scale layout] in
 // gemm/cuda/cublaslt_gemm.cpp). MXFP8 operands are refused (kUnsupported): cuBLASLt has no
-// MXFP8 GEMM on Hopper; dequantize them and run a BF16 GEMM (DESIGN.md §4).
+// MXFP8 GEMM on Hopper; dequantize them and run a BF16 GEMM (docs/design.md §4).
 //
 // NOTE [gemm output]: D (before rounding) is
 //   v = alpha * sum_k op(A)[i, k] * op(B)[k, j] + beta * D_old[i, j] + bias[j]

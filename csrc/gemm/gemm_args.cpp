@@ -89,7 +89,7 @@ void check_operand(const GemmOperand& x, const char* name) {
                 "gemm: operand " << name
                                  << " is MXFP8; cuBLASLt has no MXFP8 GEMM on Hopper and "
                                     "overlap has none: dequantize it and run a BF16 GEMM "
-                                    "(the MXFP8 fallback of DESIGN.md §4)");
+                                    "(the MXFP8 fallback of docs/design.md §4)");
   OVERLAP_CHECK_ARG(x.scale_inv != nullptr, "gemm: FP8 operand " << name << " (scaling "
                                                                  << scaling_mode_name(x.scaling)
                                                                  << ") has no scale_inv");

@@ -1,7 +1,7 @@
 // amax: the largest absolute value of a tensor (per-tensor FP8 scaling starts here).
 //
 // NaN propagates: a tensor holding a NaN has amax NaN, so a bad input is never silently
-// quantized. The cross-rank reduction of amax is the caller's job (DESIGN.md invariant 3).
+// quantized. The cross-rank reduction of amax is the caller's job (docs/design.md §3, invariant 3).
 #pragma once
 
 #include "common/stream.h"

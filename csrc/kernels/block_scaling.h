@@ -5,7 +5,7 @@
 //   128x128 (weights): one scale per 128x128 tile.
 //
 // NOTE [block scaling layout]: x is [rows, cols]. Rowwise data is x's shape; columnwise data
-// is the transpose [cols, rows] (Hopper FP8 GEMMs take both operands K-contiguous, DESIGN.md
+// is the transpose [cols, rows] (Hopper FP8 GEMMs take both operands K-contiguous, docs/design.md
 // §4) quantized with the same block shape applied to x^T:
 //
 //   format   direction   data          scale_inv (float32)

@@ -3,7 +3,7 @@
 // Both compute q = fp8(x * scale) with one float32 scale for the whole tensor (see
 // NOTE [scale convention] in kernels/scale.h and NOTE [fp8 encoding] in common/dtype.h), and
 // write scale_inv = 1 / scale next to the data: the data and its scale_inv are produced
-// together so that they can travel together (DESIGN.md invariant 1).
+// together so that they can travel together (docs/design.md §3, invariant 1).
 //
 // NOTE [amax output]: the optional amax output receives max |x| of the UNSCALED input,
 // overwritten rather than max-accumulated (NaN propagates), so the result never depends on
@@ -28,7 +28,7 @@ void cast_to_fp8(const TensorRef& x, const TensorRef& scale, const TensorRef& ou
 
 // x: contiguous 2-D [rows, cols] float32/float16/bfloat16. out: nullptr or [rows, cols];
 // out_t: nullptr or [cols, rows] (the transpose, what FP8 GEMMs on Hopper need for the
-// columnwise usage, DESIGN.md §4); at least one of them. Other arguments as in cast_to_fp8.
+// columnwise usage, docs/design.md §4); at least one of them. Other arguments as in cast_to_fp8.
 void cast_transpose(const TensorRef& x, const TensorRef& scale, const TensorRef* out,
                     const TensorRef* out_t, const TensorRef& scale_inv, const TensorRef* amax,
                     DType fp8_dtype, cudaStream_t stream);

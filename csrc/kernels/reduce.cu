@@ -27,11 +27,10 @@ constexpr int kLoadBatch = 8;
 // issued before any sum: 8 independent 16-byte loads in flight per thread whatever k, 128
 // bytes a thread, 128 KiB an SM at 1024 resident threads (4 blocks at <= 64 registers).
 // Little's law (~4.8 TB/s x ~0.8 us / 132 SMs, an estimate) asks ~30 KiB an SM when every SM
-// reduces; a reduction beside a GEMM gets a few SMs (bulk_rs: 16 of 132 by default) and then
-// needs several times that to move its bytes at HBM latency. Measured beside the side GEMM
-// of bulk_rs (2xH200, k = 2, CUPTI): with 64 bytes in flight a thread (2 vectors of the 2
-// inputs, before), 192 MB of traffic took 215 us on 16 SMs, 56 GB/s an SM; with 128 bytes,
-// 48 MB took 77-85 us on 8 SMs, ~75 GB/s an SM. All instantiations stay <= 64 registers.
+// reduces; a reduction beside a GEMM gets a few SMs (bulk_rs: 8 of 132 by default, NOTE
+// [bulk_rs defaults]) and then needs several times that to move its bytes at HBM latency:
+// beside bulk_rs's side GEMM, 128 bytes in flight a thread moved about a third more per SM than
+// 64 (docs/performance-log.md [reduce loads in flight]). All instantiations stay <= 64 registers.
 constexpr int kSmallK = 4;
 constexpr int kLoadsInFlight = 8;
 

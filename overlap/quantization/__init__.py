@@ -10,7 +10,7 @@
 * :mod:`~overlap.quantization.amax_reduction`: the amax group given at the call.
 * :mod:`~overlap.quantization.cached`: :class:`CachedWeight` (usages only added).
 
-See DESIGN.md §3-§4.
+See docs/design.md §3-§4.
 """
 
 from overlap.quantization.amax_reduction import (

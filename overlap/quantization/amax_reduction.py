@@ -1,11 +1,11 @@
-"""The amax reduction group, given at the point of use (DESIGN.md invariant 3).
+"""The amax reduction group, given at the point of use (docs/design.md §3, invariant 3).
 
 NOTE [amax group at the call]: with sequence parallelism and per-tensor scaling, every shard
 of an activation must share one scale, so the amax is all-reduced (MAX) over the TP group
 before the cast. The group is an argument of :meth:`Quantizer.quantize` (``amax_group=``),
 never an attribute of a quantizer or a quantized tensor: quantizers stay plain, picklable and
 deep-copyable, and one quantizer can serve layers of different groups without one forward
-overwriting the group another backward needs (the bug of the seed discussion 000).
+overwriting the group another backward needs (docs/design.md §3, invariant 3).
 
 An amax group is any object with ``all_reduce_max(amax)`` (:class:`AmaxReducer`). Adapters:
 

@@ -1,11 +1,11 @@
-"""Cached quantized weights: usages are only ever added (DESIGN.md invariant 4).
+"""Cached quantized weights: usages are only ever added (docs/design.md §3, invariant 4).
 
 NOTE [usages only added]: a weight is quantized once per optimizer step and reused by every
 micro-batch (and, across steps, by evaluation). Training needs the columnwise (transposed)
 data for dgrad, evaluation only the rowwise data. If an evaluation step re-quantized only the
 rowwise data of the cache, the columnwise data would keep the weights of the step before and
-the next training step's dgrad would silently use stale weights (the bug of the seed
-discussion 002). So a :class:`CachedWeight` remembers every usage it was ever asked for and
+the next training step's dgrad would silently use stale weights (docs/design.md §3,
+invariant 4). So a :class:`CachedWeight` remembers every usage it was ever asked for and
 re-quantizes all of them whenever the weight changes, whatever the current step needs.
 
 NOTE [recipe change]: a cached tensor holds data of one format per direction. When the

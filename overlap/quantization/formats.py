@@ -3,7 +3,7 @@
 A :class:`DirectionFormat` says how one direction of a quantized tensor is stored: its
 :class:`~overlap.quantization.ops.ScalingMode` (or ``None`` for high-precision data that is
 not quantized at all) and its FP8 encoding (:class:`Fp8Format`). Rowwise and columnwise may
-use different formats (DESIGN.md invariant 5).
+use different formats (docs/design.md §3, invariant 5).
 
 NOTE [layouts]: a tensor of logical shape ``[..., K]`` is quantized as the 2-D matrix
 ``[M, K]`` with ``M = prod(shape[:-1])``. Stored layouts, per direction (the conventions of

@@ -152,7 +152,7 @@ def amax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     Returns:
         A float32 tensor of shape ``[1]`` (``out`` when given). On cuda the kernel runs on the
         current stream without synchronising the host. The cross-rank reduction for sequence
-        parallelism is the caller's (DESIGN.md invariant 3).
+        parallelism is the caller's (docs/design.md §3, invariant 3).
     """
     import torch
 

@@ -18,7 +18,7 @@ Each quantizer takes one frozen, validated config and makes data of fixed format
 NOTE [plain quantizers]: a quantizer holds its frozen config, its usage flags and, for delayed
 scaling only, its state as plain tensors (``amax_history``, ``scale``). No process group, no
 stream, no closure: quantizers pickle and deep-copy (torch.compile and checkpointing rely on
-it). The amax reduction group is an argument of :meth:`Quantizer.quantize` (DESIGN.md
+it). The amax reduction group is an argument of :meth:`Quantizer.quantize` (docs/design.md §3,
 invariant 3; :mod:`overlap.quantization.amax_reduction`).
 
 NOTE [usage flags]: ``rowwise_usage`` / ``columnwise_usage`` say which directions
@@ -656,7 +656,7 @@ class MXFP8Quantizer(Quantizer):
 
 class HighPrecisionQuantizer(Quantizer):
     """Passthrough: the data are a copy of the input (cast to ``config.dtype`` if set), never
-    an alias of it (the input may live in a communication buffer, DESIGN.md invariant 2).
+    an alias of it (the input may live in a communication buffer, docs/design.md §3, invariant 2).
     Both directions share the one ``[M, K]`` copy."""
 
     config_type = HighPrecisionConfig
@@ -678,7 +678,7 @@ class HighPrecisionQuantizer(Quantizer):
 
 class HybridQuantizer(Quantizer):
     """One quantizer for the rowwise direction and another for the columnwise direction
-    (DESIGN.md invariant 5), e.g. per-tensor FP8 forward and 1x128 block FP8 backward.
+    (docs/design.md §3, invariant 5), e.g. per-tensor FP8 forward and 1x128 block FP8 backward.
 
     Args:
         rowwise_quantizer: makes the rowwise data (its own usage flags are not consulted).

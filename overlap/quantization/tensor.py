@@ -13,7 +13,7 @@ inspectable. Autograd saves it cheaply through :meth:`QuantizedTensor.tensors` /
 
 NOTE [self-describing]: a quantized tensor stores everything needed to read it: the format of
 each direction, the data and its own scale_inv. :meth:`QuantizedTensor.dequantize` never
-consults a quantizer (a quantizer may have been called again since, DESIGN.md invariant 1).
+consults a quantizer (a quantizer may have been called again since, docs/design.md §3, invariant 1).
 
 The stored layouts are those of :mod:`overlap.quantization.formats` (NOTE [layouts]).
 """
@@ -79,7 +79,7 @@ class QuantizedTensor:
     """A tensor quantized in one or two directions.
 
     Rowwise data feeds ``Y = X Wᵀ`` (both operands rowwise); columnwise data feeds dgrad and
-    wgrad (DESIGN.md §4). Each direction has its own :class:`DirectionFormat` and its own
+    wgrad (docs/design.md §4). Each direction has its own :class:`DirectionFormat` and its own
     scale_inv tensor (for per-tensor formats, both directions may share one scale_inv tensor).
 
     Args:
@@ -173,7 +173,7 @@ class QuantizedTensor:
     @property
     def cached(self) -> bool:
         """True for the tensor of a :class:`~overlap.quantization.CachedWeight`: its usages
-        can only be added (DESIGN.md invariant 4)."""
+        can only be added (docs/design.md §3, invariant 4)."""
         return self._cached
 
     @property
@@ -236,7 +236,7 @@ class QuantizedTensor:
 
     def clone(self) -> QuantizedTensor:
         """A copy that owns its memory (e.g. to save a tensor that lives in a communication
-        buffer, DESIGN.md invariant 2). Sharing between directions is kept; not cached."""
+        buffer, docs/design.md §3, invariant 2). Sharing between directions is kept; not cached."""
         import torch
 
         return self._map(lambda t: t.clone(memory_format=torch.contiguous_format))
@@ -328,7 +328,7 @@ class QuantizedTensor:
 
         Raises:
             StateError: dropping a direction of a cached weight (usages of cached weights are
-                only added, DESIGN.md invariant 4).
+                only added, docs/design.md §3, invariant 4).
             InvalidArgumentError: both directions would be dropped, or a direction cannot be
                 created from the other.
         """
@@ -346,7 +346,7 @@ class QuantizedTensor:
                 raise StateError(
                     f"cannot drop the {_name(col)} usage of a cached quantized weight: usages "
                     "of cached weights are only ever added, since a later step (e.g. training "
-                    "after evaluation) may need them again (DESIGN.md invariant 4)"
+                    "after evaluation) may need them again (docs/design.md §3, invariant 4)"
                 )
         made: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [None, None]
         for col in (False, True):

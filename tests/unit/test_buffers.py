@@ -1,8 +1,8 @@
 """Buffer managers in one process: layouts per format, validation with typed errors, staging
 and reading back through a 1-rank group on the host transport, transient views, saving.
 
-The multi-rank behaviour (gathers, shared scales, seed 001, pipeline ordering) is in
-tests/distributed/test_buffers.py.
+The multi-rank behaviour (gathers, shared scales, two consumers of one buffer, pipeline
+ordering) is in tests/distributed/test_buffers.py.
 """
 
 from __future__ import annotations

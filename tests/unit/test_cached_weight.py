@@ -1,5 +1,5 @@
-"""CachedWeight: usages only added (DESIGN.md invariant 4), alternating training and evaluation
-steps (the seed-002 bug), in-place updates, recipe changes."""
+"""CachedWeight: usages only added (docs/design.md §3, invariant 4), alternating training and
+evaluation steps (the stale-columnwise bug), in-place updates, recipe changes."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _reads(t: Any, w: torch.Tensor, columnwise: bool) -> bool:
 
 @pytest.mark.parametrize("name", list(WEIGHT_QUANTIZERS))
 def test_alternating_train_and_eval_never_leaves_stale_columnwise(name: str) -> None:
-    """seed 002: an evaluation step (rowwise only) after a training step must not leave the
+    """Invariant 4: an evaluation step (rowwise only) after a training step must not leave the
     columnwise data of the old weights for the next training step."""
     q = WEIGHT_QUANTIZERS[name]()
     w1, w2 = _weights()

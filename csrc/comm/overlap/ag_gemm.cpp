@@ -132,37 +132,10 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // chunk, each followed by its GEMMs. Peers read our region, so the next op on the buffer
 // begins with a wait for every acknowledgement (NOTE [deferred acknowledgements]).
 //
-// Measured on 4xH200, TP 4 (benchmarks.overlap_ops --full --tp 4 --shapes qkv,te4096 --ops
-// ag_gemm, 2026-11-22, ms; best push variant / pulls, one or two compute lanes / torch):
-//   qkv M 8192 FP8 0.309-0.316 / 0.301-0.308 / 0.273-0.276 (session 9's memop pulls: 0.337)
-//   qkv M 8192 bf16 0.476-0.491 / 0.484-0.508 / 0.485-0.497
-//   qkv M 16384 FP8 0.531-0.545 / 0.564-0.576 / 0.517-0.528
-//   qkv M 16384 bf16 0.975-1.007 / 1.013-1.083 / 0.986-1.034
-//   te4096 FP8 0.220-0.221 / 0.224-0.239 / 0.218-0.220; bf16 0.386-0.408 / 0.393-0.424
-// So pulls won only on qkv FP8 M 8192, by 2-3%, and are not the default (with regions
-// rounded to 2 MiB, below, the pushes win there too: 0.269 against 0.278). Timelines (--trace)
-// say why they do not reach torch's time: each 16 MB pull takes 58-82 us beside our chunk
-// GEMMs against torch's 48, though the same pulls with the GEMMs left out (a dev-only toggle)
-// take 47-48. Ruled out with a microbenchmark of 16 MB copy-engine pulls, all four ranks
-// (us): our IPC region or torch's symmetric memory as source or target (50 either way),
-// the lane's stream priority (50 either way), a torch FP8 GEMM running beside (50), and the
-// GEMM algorithm (the heuristic's, torch's, in the op: still 60). Free-running pulls from
-// r+1, r+2, r+3 in turn take 70-80 (ranks out of phase: two readers on one source), with a
-// barrier before each copy 65 (the barrier included), as do pulls from r+1 alone. Splitting
-// each pull over two or three copy lanes was slower (qkv FP8 0.37-0.44 ms), and so was each
-// pull on its GEMM's compute lane (torch's stream placement: 0.315-0.326). What slowed a pull
-// in our op was the buffer's allocation size (NOTE [allocation granularity] in
-// cuda_memory.h): 64 MiB of shard slots + 64 B of FP8 scale slots; torch's schedule rebuilt
-// in Python on a region of that size was as slow as our op (0.307-0.310), on a 64 MiB one as
-// fast as torch (0.278-0.281), and with regions rounded to 2 MiB our pulls take 48-49 us and
-// pull/lanes1 0.284 ms (2026-11-22). The measurements above predate that fix. Ruled out in the op
-// itself (the whole TP 4 suite or its qkv and te4096 AG rows, 2026-11-22): every lane created at
-// the lowest stream priority instead of the highest (qkv FP8 0.301 ms either way, no row beyond
-// noise), and CUDA_DEVICE_MAX_CONNECTIONS=32 instead of 8, against streams sharing hardware queues
-// (0.303 -> 0.301; median row 1.078 -> 1.070 x floor). Pieces help the pulls on the qkv FP8 rows
-// only (the last chunk's GEMM after the last pull is then half as long): M 8192 0.303-0.306 ->
-// 0.292-0.297 ms, M 16384 0.575-0.578 -> 0.550-0.557 (torch 0.276 and 0.532); other rows are slower
-// with them (te4096 FP8 0.228 -> 0.235-0.243).
+// Not the default: the pulls won only on the qkv FP8 row at TP 4 (by 2-3%), and not even there
+// once regions were rounded to 2 MiB (NOTE [allocation granularity] in cuda_memory.h: what had
+// slowed each pull beside our chunk GEMMs). Pieces help the pulls on the qkv FP8 rows only.
+// Measured: docs/performance-log.md [ag_gemm pulls].
 void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                     const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
                     const Pieces& pc, const OverlapConfig& config, std::uint64_t arg,
@@ -249,73 +222,19 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // begin_op) finished reading them (NOTE [buffer reuse]).
 //
 // NOTE [no ring forwarding]: TransformerEngine's ring exchange forwards every chunk neighbour to
-// neighbour (n - 1 hops for the last one), and its bidirectional variant halves the hops. Here
-// every shard goes straight to its destination in one hop; with staggered_puts the steps are
-// the same as a ring's (at step s, rank r gets r-s's shard) without the forwarding's flag wait
-// per hop. A true ring (step s forwarding chunk r-s+1 to r+1 as each piece landed, so no
-// receiver ever has two senders, whatever the ranks' skew) passed the np2/np4 correctness and
-// delayed-rank tests on both transports and measured the same as the direct pushes (dev A/B,
-// 2026-11-22, 4xH200, TP 4, every staggered variant of the qkv and te4096 AG rows, two runs
-// each, best ms direct / ring: qkv FP8 M 8192 0.313 / 0.318 and 0.315 / 0.317, bf16 0.484 /
-// 0.482 and 0.502 / 0.501, qkv FP8 M 16384 0.545 / 0.553 and 0.537 / 0.552, te4096 FP8 0.222
-// all four), so it was not kept. A bidirectional ring shortens the chain of hops, not the bytes
-// each GPU receives (n - 1 shards, one at a time: NOTE [serial puts]), so it cannot beat the
-// direct pushes either.
+// neighbour (n - 1 hops for the last one; its bidirectional variant halves the hops). Here every
+// shard goes straight to its destination in one hop; with staggered_puts the steps are a ring's (at
+// step s, rank r gets r-s's shard) without a flag wait per hop. A true ring measured the same and
+// was not kept (docs/performance-log.md [no ring forwarding]); a bidirectional one shortens the
+// chain of hops, not the bytes each GPU receives (n - 1 shards, one at a time: NOTE [serial puts]).
 //
-// NOTE [ag_gemm vs torch]: where torch's async-TP is faster (qkv FP8 TP4 M 8192: 0.275 ms
-// against our 0.309-0.316), CUPTI timelines of three back-to-back ops on rank 2 show (us):
-//   torch: barrier kernel, the 16 MB shard copied into its symmetric buffer (9, alone),
-//     barrier, then the four chunk GEMMs on two streams (57-64 each, consecutive ones
-//     overlapping by ~5), each of the three 16 MB pulls (48-49 each, ~340 GB/s) hidden under
-//     one GEMM, and ~45 between ops (barriers; the gathered copy-out under the last GEMM):
-//     12 GEMMs in 803;
-//   ours: the same GEMMs (57 median) but pushes of 16 MB taking 56-82 (one 136) and bubbles of
-//     4-228 between chunk GEMMs, a peer's chunk landing late: 12 GEMMs in 1147. (bf16: torch's
-//     32 MB pulls 92-95, our pushes 88-244.)
-// So the gap is the copy engines' push rate beside a GEMM, below their pull rate, and ranks
-// drifting out of phase (each op's first push waits for that peer's acknowledgement), which
-// torch's up-front barrier prevents. Not the cause: the own slot's copy beside the pushes
-// (moved after them: 24-row A/B median ratio 1.001, +-2.6%), nor the FP8 scale_inv copies
-// (above, in the op). Nor the order alone: pulls in torch's order (begin_op's wait for every
-// acknowledgement as the barrier, the shard's copy into our slot alone on c0, one
-// announcement to every peer, then step s's pull from rank r+s and its chunk's GEMM on
-// compute lane s % 2) passed the correctness tests and came closer than the first pull
-// variant (in the op) but stayed behind the pushes on all 12 TP4 rows (ms, push / pull /
-// torch): qkv FP8 0.320 / 0.337 / 0.275, te4096 FP8 0.219 / 0.248 / 0.217, qkv bf16 0.478 /
-// 0.498 / 0.483, fc1 bf16 M 8192 2.737 / 2.880 / 2.742. What remains different is the
-// latency of the handshakes: torch's barrier is an SM kernel on device-memory signal pads (3-4
-// us, run between GEMMs), ours are stream memory operations on host-memory flags (13-15 us a
-// hop, NOTE [cuda transport design]), and an op waits on them at least once per peer.
-// A later timeline (benchmarks.overlap_ops --trace, 2026-11-22, same row, best variant
-// lanes1-split1-staggered-pieces2, steady-state calls on rank 0) says where the push rate
-// goes: each 8 MB piece pushed in 29-40 us (210-280 GB/s; torch pulls 16 MB in 48, 333 GB/s),
-// 3-10 us between consecutive copies on the put lane (the signal's memory barrier after each
-// piece, the 4-byte scale_inv copy and the acknowledgement wait before each peer), our own
-// slot's 16 MB copy 32 us beside the pushes (torch's runs alone: 8-9 us), and each piece's
-// GEMM (31 us) waiting 11-17 us for its piece: the chunk GEMMs are starved by the push
-// rate. One marker per op (NOTE [one marker per op]) left the row within noise (best
-// variant 0.307-0.311 ms in two runs after it, 0.306-0.316 before). Also measured on
-// 2026-11-22 and not kept (dev A/Bs on 4xH200, TP 4, every staggered variant of the qkv and
-// te4096 AG rows): part of every push through the SM copy kernel (NOTE [sm puts]) with the
-// chunk GEMMs given that many SMs fewer (sm_count) was slower on all 6 rows (25% on 8 blocks:
-// qkv FP8 M 8192 0.309 -> 0.328 ms, bf16 0.493 -> 0.558; 40% on 16 blocks and 15% on 4
-// likewise), and waiting for every peer's acknowledgement before the first push (all ranks
-// starting in step) changed no row beyond noise (0.314 -> 0.318, 0.309 -> 0.312). In a
-// microbenchmark (4 ranks, 16 MB copy-engine pulls from r+1 or pushes to it, 20 back to back
-// beside a loop of the qkv FP8 chunk GEMM), every copy took 48-52 us whichever GEMM ran beside
-// (ours at 63 us or torch._scaled_mm at 62) and wherever its operands lived (a plain tensor,
-// our IPC region, torch's symmetric memory), the same as alone: what slows the copies in the
-// op is not a GEMM beside them.
-// With handshake kernels (NOTE [ag_gemm pulls]) the pulls' handshake latency is gone (both
-// handshakes 5-9 us in steady state, torch's barriers 3-4), and what remained was the rate of
-// each pull beside our chunk GEMMs: 58-82 us per 16 MB against torch's 48. The microbenchmark
-// above copied between regions of whole MiB; the op's FP8 buffer had a 64-byte tail of scale
-// slots, which slowed every copy into or out of it (NOTE [allocation granularity] in
-// cuda_memory.h). With regions rounded to 2 MiB the whole TP 4 suite (2026-11-22): qkv FP8
-// M 8192 0.294 -> 0.269 ms (torch 0.275; best variant the staggered pushes again, two compute
-// lanes), M 16384 0.527 -> 0.512 (torch 0.513); rows without FP8 scale slots unchanged.
-// Several of the measurements above (the copy rates of pushes, the A/Bs of the FP8 rows)
-// were taken on the slow buffer.
+// NOTE [ag_gemm vs torch]: torch's async-TP (a barrier, its shard copied in alone, a barrier, each
+// peer's shard pulled under one chunk GEMM) was faster on the qkv FP8 rows at TP 4 until regions
+// were rounded to 2 MiB (NOTE [allocation granularity] in cuda_memory.h): the 64-byte tail of FP8
+// scale slots slowed every copy touching the region. Since then the staggered pushes match or beat
+// it. Ruled out on the way, among others: the own slot's copy, the scale_inv copies, the order
+// alone, and SM copies for part of each push (NOTE [sm puts]: slower, they wait for SMs the GEMMs
+// hold). Measured: docs/performance-log.md [ag_gemm vs torch].
 //
 // Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
 // landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
@@ -372,32 +291,10 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   detail::take_piece_epochs(buf, stream);  // NOTE [ag_gemm pieces]
   // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial puts]
   // in symmetric_buffer.h); otherwise a set of lanes per peer. Then, with keep_gathered, one lane
-  // for our own slot's copy. The put lanes announce each piece themselves: an announcement lane (as
-  // the all-gather once had, NOTE [gather handshakes] in collectives.cpp) made this op slower on
-  // 4xH200 (qkv fp8 TP4: 0.31 -> 0.35 ms), its event edges waiting behind the chunk GEMMs. A signal
-  // lane of its own (as in the bulk ops, NOTE [bulk signal lane] in bulk.cpp; 2026-11-22, every
-  // pipeline variant of the qkv and te4096 AG rows, new / old): TP 4 median 1.010 (0.89 to 1.47;
-  // best qkv bf16 M 8192 0.488 -> 0.519 ms), TP 2 median 0.997 (0.94 to 1.05): not kept. Moving the
-  // FP8 scale_inv's tiny copies to the own lane with one event edge per put lane was slower too
-  // (0.31 -> 0.34 ms). They are not what makes the FP8 rows at TP 4 slow: skipping them altogether
-  // (a dev-only A/B that left the peers' scale slots stale) gained 2% (qkv fp8 TP4 0.316 -> 0.309
-  // ms, M 16384 0.550 -> 0.536, other rows noise); writing them with a one-block SM copy instead
-  // was much slower (0.315 -> 0.368, two runs: the kernel waits for SMs the GEMMs hold). Handing
-  // the scale_inv and the shard to the copy engines in one cudaMemcpyBatchAsync did not help either
-  // (qkv fp8 TP4 0.305 -> 0.304 ms, te4096 fp8 TP4 0.222 -> 0.218: noise).
-  // Nor (2026-11-22, after NOTE [allocation granularity]; a trace showed each peer's push
-  // cycle at ~62 us: the 4-byte copy 2.5, gaps ~3 and ~10, the shard 47) taking them off the
-  // put lane altogether: begin_op's acknowledgements as one handshake kernel whose words
-  // publish our scale_inv in our own slot and fetch the peers' (as the pulls do), no per-peer
-  // acknowledgement wait or scale copy on the put lane. Staggered variants of the qkv and
-  // te4096 AG rows, TP 4, best ms of two runs each, before / FP8 only / every dtype: qkv FP8
-  // M 8192 0.262-0.263 / 0.257-0.262 / 0.261, M 16384 0.495-0.503 / 0.499-0.509 / 0.503-0.506,
-  // te4096 FP8 0.210 / 0.214-0.215 / 0.214; bf16 rows within 1% either way.
-  // Pulls whose handshakes were stream memory operations (each rank announcing its shard
-  // once to every peer after begin_op's wait for all acknowledgements) were slower than the
-  // best push variant on all 24 AG rows of the suite (ms): qkv fp8 TP4 0.304 -> 0.373,
-  // te4096 fp8 TP4 0.223 -> 0.272, qkv bf16 TP2 0.980 -> 1.145, fc1 bf16 TP4 M 8192 2.819 ->
-  // 2.896. With handshake kernels they are config.pull_shards (NOTE [ag_gemm pulls]).
+  // for our own slot's copy. The put lanes announce each piece and copy the FP8 scale_inv
+  // themselves: an announcement or signal lane (its event edges wait behind the chunk GEMMs), the
+  // scale_inv on another lane, in an SM kernel or in begin_op's handshake were no faster, nor were
+  // pulls with stream-memop handshakes (docs/performance-log.md [ag_gemm put lanes]).
   const bool serial = config.staggered_puts;
   const int put_lanes = serial ? split : std::max(1, (n - 1) * split);
   const int own_lane = lanes_c + put_lanes;
@@ -405,13 +302,9 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // NOTE [ag_gemm own slot]: our own slot, so that the buffer holds the whole gathered input
   // (only where the caller keeps it: nothing in this op reads it, the local chunk's GEMM reads
   // the shard itself). Beside the pushes: a local copy, which would otherwise end the op after
-  // the last push. It is not free there: it shares the copy engines with the pushes. Measured
-  // on 4xH200, TP 4, every staggered variant of the qkv and te4096 AG rows (dev A/B,
-  // 2026-11-22, best ms, copy beside the pushes / none / on c0 before the local GEMM): qkv FP8
-  // M 8192 0.318 / 0.294 / 0.307, bf16 0.479 / 0.482 / 0.505, qkv M 16384 FP8 0.547 / 0.546 /
-  // 0.542, bf16 0.971 / 0.964 / 1.007, te4096 FP8 0.223 / 0.218 / 0.222, bf16 0.384 / 0.381 /
-  // 0.394; the piece variants gained most (qkv FP8 M 8192, one lane, 2 pieces: 0.320 ->
-  // 0.294). Hence config.keep_gathered (the Python op's keep_gathered=False by default).
+  // the last push. It is not free there: it shares the copy engines with the pushes, up to 8%
+  // of the op on the qkv FP8 rows (docs/performance-log.md [ag_gemm own slot]). Hence
+  // config.keep_gathered (the Python op's keep_gathered=False by default).
   if (config.keep_gathered) {
     char* const own = buf.data(r);
     t.put(own + r * l.shard_bytes, a_shard.data, l.shard_bytes, stream, own_lane);

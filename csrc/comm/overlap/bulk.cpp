@@ -37,14 +37,13 @@ int put_lanes(const SymmetricBuffer& buf) {
   return std::max(1, (buf.serial_puts() ? 1 : buf.size() - 1) * buf.put_split());
 }
 
-// NOTE [bulk signal lane]: a signal is a stream memory operation with a memory barrier that
-// waits for the copy before it; on the put lane it would also hold up the next copy (~7 us
-// each in a 2xH200 timeline, (n - 1) P of them in a row with serial puts and pieces). So the put
-// lanes only copy, back to back, and one signal lane announces each put once its copy has
-// completed (an event edge from the put lane, as for the joined put_split lanes), in the order
-// the puts complete. Measured: TP 2 (two GPUs of a 4xH200), qkv FP8 M 8192, 8 SMs and 4
-// pieces, 0.505 ms (before: 0.516-0.523 ms on 2xH200); on 4xH200 it did not make four pieces
-// piece-major any faster (NOTE [bulk_rs pieces]: the cost there was the receivers, not the gaps).
+// NOTE [bulk signal lane]: a signal is a stream memory operation with a memory barrier that waits
+// for the copy before it; on the put lane it would also hold up the next copy, (n - 1) P of them in
+// a row with serial puts and pieces. So the put lanes only copy, back to back, and one signal lane
+// announces each put once its copy has completed (an event edge from the put lane, as for the
+// joined put_split lanes), in the order the puts complete. Faster at TP 2; on 4xH200 it did not
+// make four pieces piece-major any faster (NOTE [bulk_rs pieces]: the cost there was the receivers,
+// not the gaps). Measured: docs/performance-log.md [bulk signal lane].
 void announce(SymmetricBuffer& buf, int peer, std::uint64_t value, int put_lane,
               cudaStream_t stream) {
   Transport& t = buf.transport();
@@ -262,51 +261,30 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // before that acknowledgement) finished reading them (NOTE [buffer reuse]); nobody reads our
 // region remotely, so the op only pushes (NOTE [bulk schedule]).
 //
-// NOTE [bulk_rs pieces]: the reduction can only start once the last byte has landed, and it
-// then needs (n + 1) m N elements of HBM traffic on the SMs the GEMM left: on 2xH200 (qkv
-// wgrad, M 8192, FP8 GEMM of 0.47 ms) the push took 175 us and the reduction 230 us on 16 SMs,
-// so the GEMM had to leave those 16 SMs for nearly its whole run (0.47 -> 0.51 ms). With P =
-// config.pieces > 1, each peer's rows travel in P pieces (rows [lo(p), lo(p + 1)) of every
-// chunk, slot and output, like NOTE [gemm_rs pieces]), piece p announced by the value e + p on the
-// one kData flag (the pieces of one sender are announced in order on its signal lane: "flag >= e +
-// p" means pieces 0..p have landed), and c0 reduces piece p as soon as every peer's piece p is
-// there (the amax max-reduced over the pieces). The reduction then runs beside the later pushes:
-// the same work spread over a longer window, so a smaller SM margin suffices. Every op takes
-// kPieceEpochs epochs whatever P, so that ranks stay in step if one passes a different P
-// (the op record, which includes P, reports it). The same row with P = 4 and an 8-SM margin
-// (the Python op's defaults at TP 2, NOTE [bulk_rs defaults]): each 16 MB piece landed in ~46 us
-// (~7 us between pieces for the flag, before the signal lane), was reduced in 77-85 us on 8
-// SMs, and the last reduction ended with the GEMM (482-490 us for 124 SMs): 0.51 ms for the op,
-// as with 16 SMs and one piece, while the bf16 rows and the longer GEMMs of the suite gained
-// 2-10% over that pair.
+// NOTE [bulk_rs pieces]: the reduction can only start once the last byte has landed, and it then
+// needs (n + 1) m N elements of HBM traffic on the SMs the GEMM left, so with one piece the GEMM
+// must leave many SMs free for nearly its whole run. With P = config.pieces > 1, each peer's rows
+// travel in P pieces (rows [lo(p), lo(p + 1)) of every chunk, slot and output, like NOTE [gemm_rs
+// pieces]), piece p announced by the value e + p on the one kData flag (the pieces of one sender
+// are announced in order on its signal lane: "flag >= e + p" means pieces 0..p have landed), and c0
+// reduces piece p as soon as every peer's piece p is there (the amax max-reduced over the pieces).
+// The reduction then runs beside the later pushes: the same work spread over a longer window, so a
+// smaller SM margin suffices. Every op takes kPieceEpochs epochs whatever P, so that ranks stay in
+// step if one passes a different P (the op record, which includes P, reports it).
 //
-// With more than one peer and serial puts the pieces go peer-major (all of peer r+1's pieces,
-// then r+2's, ...), so that each rank still sends to one peer at a time in n - 1 long steps and
-// a receiver is written by one sender at a time. Piece p of the last sender lands in the last
-// step, so pieces 0..P-2 are reduced beside the last step's copies and only the last piece's
-// reduction follows it. Piece-major (piece p to every peer first) made the steps P times as
-// many and as short. The likely cost (a timeline of the pieces themselves is still to be
-// taken): whenever ranks are out of step, a receiver is written by two senders at once, and in
-// a one-piece CUPTI timeline on 4xH200 a 32 MB copy took 89 us alone but 128-250 us beside a
-// second sender; more and shorter steps leave more of the op exposed to that. 4xH200, qkv FP8
-// M 8192: 0.380 ms with one piece, 0.513 with four (8 SMs), and still
-// 0.56-0.57 with the signals off the put lane (NOTE [bulk signal lane]; two runs, any margin).
-// Peer-major brought two pieces to 0.37-0.39 ms (one piece: 0.39-0.40 in the same run). Four
-// pieces stay slower there (0.47-0.54 ms): NOTE [bulk_rs defaults] has the defaults.
+// With more than one peer and serial puts the pieces go peer-major (all of peer r+1's pieces, then
+// r+2's, ...), so that each rank still sends to one peer at a time in n - 1 long steps and a
+// receiver is written by one sender at a time. Piece p of the last sender lands in the last step,
+// so pieces 0..P-2 are reduced beside the last step's copies and only the last piece's reduction
+// follows it. Piece-major (piece p to every peer first) made the steps P times as many and as
+// short, and was slower on 4xH200: whenever ranks are out of step a receiver is written by two
+// senders at once, and a copy beside a second sender is much slower than alone; more and shorter
+// steps leave more of the op exposed to that. Measured: docs/performance-log.md [bulk_rs pieces].
 //
-// NOTE [bulk_rs defaults]: 8 SMs, with 4 pieces at TP 2 and 2 pieces at other sizes. Measured
-// with python -m benchmarks.overlap_ops --cuda --full --ops bulk_rs (the 8 bulk_rs rows each):
-//   - 2xH200 (2026-11-22): 8 SMs and 4 pieces beat the former 16 SMs and 1 piece on 15 of 16
-//     rows over two runs (by up to 8%: fc1 bf16 M 8192 1.132 -> 1.062 x floor), and again over
-//     two more; 2 pieces are as fast (within 3%, either way) at TP 2.
-//   - 4xH200 (--launch 4 --tp 4, 2026-11-22, two runs), with the pieces sent peer-major and
-//     announced from a signal lane: the 8 rows took 16.07 and 16.16 ms in all with 8 SMs and 2
-//     pieces, 16.54 and 16.56 with 16 SMs and 1 piece, 16.27 and 16.30 with 8 SMs and 4
-//     pieces. Rows <= 1.10 x floor: 6/8 and 5/8 against 1/8 and 5/8. The GEMM-bound fc1 rows
-//     gain up to 6% (fc1 bf16 M 16384 1.112 -> 1.053 x floor); the comm-bound qkv rows, whose
-//     times vary by 5-10% from run to run at TP 4, won in one run (qkv FP8 M 8192 1.128 ->
-//     1.055) and lost in the other (1.079 -> 1.147). 4 pieces are slower on the qkv FP8 row at
-//     M 8192 (1.33-1.54 x floor: twelve 8 MB pieces).
+// NOTE [bulk_rs defaults]: 8 SMs, with 4 pieces at TP 2 and 2 pieces at other sizes. Over repeated
+// runs of the bulk_rs rows of the suite these beat the former 16 SMs and one piece in total, on
+// 2xH200 and on 4xH200 (at TP 4 the comm-bound qkv rows vary from run to run, and 4 pieces are
+// slower on the qkv FP8 row). Measured: docs/performance-log.md [bulk_rs defaults].
 BulkConfig bulk_rs_defaults(int size) {
   BulkConfig c;
   if (size == 2) c.pieces = 4;

@@ -133,54 +133,16 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 //   reduce     |        wait pulls and own piece 0, reduce piece 0 | ... piece P-2 |      |      |
 // clang-format on
 //
-// Measured on 4xH200 (NVSwitch), where pieces did NOT pay: the default stays 1. A CUPTI
-// timeline of proj at TP 4 (M 8192, K 2048, N 8192, bf16, 0.46 ms for a floor of 0.37) has
-// four chunk GEMMs of 88 us, each peer chunk pulled in 94 us (32 MB at ~340 GB/s: through the
-// switch one peer's pull gets the whole NVLink bandwidth, so the link-parallelism argument
-// above does not hold there and the three pulls run back to back whatever the schedule), and
-// a 40 us reduction (160 MB at ~4 TB/s). The op is thus the first chunk's GEMM + three pulls
-// + the reduction. Two pieces start the pulls sooner but cost GEMM efficiency (8 x 46 us
-// instead of 4 x 88) and their early reductions slow the GEMMs beside them: 0.50 ms; four,
-// or a bounded reduction grid, are slower still. Also tried and not kept: the GEMM storing
-// its partial sums straight into the peers' receive slots (no pulls at all), slower on every
-// row, GEMM-bound ones included (fc2 TP 2 bf16 2.72 -> 3.03 ms; proj TP 4 0.48 -> 0.60 ms):
-// cuBLASLt's epilogue stores to peer memory are slow. Nor the reverse: the reduction reading
-// the last-arriving peer's send slot in place over NVLink (SM loads through the reduce
-// kernel's peer inputs) instead of pulling it first, so that the last transfer runs inside
-// the reduction rather than before it: slower on 22 of 24 rows of the suite (best of two
-// lanes: proj TP 2 FP8 0.436 -> 0.584 ms, proj TP 4 bf16 0.464 -> 0.494, fc2 TP 4 FP8 0.737
-// -> 0.794; proj TP 4 FP8: M 8192 0.410 -> 0.390, M 16384 a tie), and reading all three
-// peers in place slower still (proj TP 4 bf16 0.71 ms): the kernel's NVLink loads move a
-// peer's partial sums at well under the copy engines' ~340 GB/s.
-// Nor (dev A/B, 2026-11-22, the whole gemm_rs suite at TP 4 and TP 2) rounds over the peers'
-// chunks only, our own chunk computed whole after them and the output reduced once at the end
-// (so that the pulls start after a GEMM 1/P as tall and no reduction runs beside a GEMM): at
-// TP 4 with P = 2 it made the one-lane variant faster on 7 of the 12 rows (proj bf16 0.501 ->
-// 0.466 ms, with P = 4 0.585 -> 0.512; te4096 FP8 0.304 -> 0.268) and the two-lane one slower
-// on 9 (te8192 FP8 0.844 -> 0.918), and no piece variant came within 4% of the best whole-chunk one
-// on those rows (proj bf16 TP 4: 0.447), so the best of each row did not move. A timeline of the
-// whole-chunk op (proj bf16 TP 4) shows why the pulls cannot go faster than one after another
-// whatever the schedule: a rank's pulls on its n - 1 pull lanes never overlapped (each began
-// within 3 us of the previous one's end: the copy engines run them in turn), each 32 MB pull
-// took 91-95 us when its source had no other reader and 178-181 us when a rank out of step
-// read the same source at the same time, and GEMMs beside a pull took 101-106 us against
-// 88-90 alone.
-// Nor (dev A/B, 2026-11-22, the pipeline variants of the gemm_rs suite) whole chunks with only
-// our own chunk, computed last, in 2 or 4 pieces, each peer's chunk pulled in the same pieces
-// and piece q reduced on the reduce lane beside our later pieces' GEMMs, so that only the last
-// piece's reduction follows the last GEMM: best ms, TP 4, whole / 2 / 4 pieces: te4096 FP8
-// 0.248 / 0.263 / 0.268, proj bf16 0.445 / 0.454 / 0.479, proj FP8 0.402 / 0.412 / 0.404,
-// fc2 FP8 0.728 / 0.741 / 0.742, better only on fc2 bf16 M 16384 (2.870 / 2.795 / 2.766) and
-// proj bf16 M 16384 (0.862 / 0.855 / 0.857); TP 2, whole / 2: proj bf16 0.797 / 0.777, fc2
-// FP8 M 16384 2.866 / 3.016, te8192 bf16 1.558 / 1.614, te4096 FP8 0.234 either way. The
-// reduction beside a GEMM slows it by about what the shorter tail saves.
-// Nor (dev A/B, 2026-11-22, pipeline/lanes1-split1 and -split2 of the TP 4 gemm_rs rows) the
-// pull lanes' flag waits as one-warp polling kernels (a two-GPU ping-pong: 8 us against the
-// stream memory operations' 15, NOTE [cuda transport design]), alone, with the signals after
-// the chunk GEMMs as kernels too, and with the chunk GEMMs given one SM fewer (sm_count) to
-// leave the polls an SM: slower on every row in every form, e.g. te4096 FP8 0.247 -> 0.324 /
-// 0.341 / 0.351 ms, proj bf16 0.447 -> 0.558 / 0.580 / 0.555, te8192 bf16 1.572 -> 1.93 /
-// 1.88 / 1.75 (split1; a repeat of the baseline and of the last form: 0.248 and 0.344 ms).
+// Pieces did NOT pay on 4xH200 (NVSwitch), so the default stays 1: through the switch one peer's
+// pull gets the whole NVLink bandwidth, so the link-parallelism argument above does not hold there,
+// a rank's pulls run back to back (the copy engines take them in turn) whatever the schedule, and
+// what earlier pulls save, the shorter GEMMs and the reductions beside them cost. Also tried and
+// not kept (none beat the best whole-chunk variant): the GEMM storing its partial sums straight
+// into the peers' receive slots (cuBLASLt's epilogue stores to peer memory are slow); the reduction
+// reading the last peer's send slot in place over NVLink (the kernel's loads move it well under the
+// copy engines' rate); rounds over the peers' chunks only, or pieces of our own chunk only; the
+// pull lanes' flag waits as polling kernels (they need SMs the GEMMs hold). Measured:
+// docs/performance-log.md [gemm_rs pieces].
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
              const OverlapConfig& config, cudaStream_t stream) {
@@ -232,10 +194,8 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
 
   // ---- the op --------------------------------------------------------------------------------
   // The acknowledgements in one handshake kernel (NOTE [handshakes]): c0 runs it before the
-  // first chunk GEMM, while the SMs are idle. Measured on 4xH200, TP 4, best variant, ms
-  // (before: stream memory operations, earlier runs): te4096 FP8 0.262 -> 0.246, proj M 8192
-  // bf16 0.464 -> 0.445, FP8 0.410 -> 0.401; te4096 bf16 0.404 -> 0.406 and proj FP8 M 16384
-  // 0.718 -> 0.717 (ring) unchanged.
+  // first chunk GEMM, while the SMs are idle; faster than stream memory operations on the
+  // comm-bound rows (docs/performance-log.md [gemm_rs handshake]).
   const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream,
                                        OpAccess{/*pushes_only=*/false, /*handshake=*/true});
   detail::take_piece_epochs(buf, stream);  // NOTE [gemm_rs pieces]

@@ -301,21 +301,12 @@ struct RingSchedule {
 //   pull  |                     | wait (0,0) of r-1 | pull (0,0) | wait (0,1) | pull (0,1) | ...
 // clang-format on
 //
-// Why: a push is announced by a signal on the put lane after the copy, and on 2xH200 (CUPTI
-// timeline of FP8 [8192, 4096] x [4096, 4096], TP 2, S = 4) the piece's GEMM on the receiving
-// rank started ~21 us after the push ended (the signal's memory barrier behind the copy, the
-// wait, then the copy into the output), and each push started 12-19 us after its GEMM. A
-// signal right after a GEMM on the compute lane is seen by the peer's waiting pull lane within
-// ~3 us (the pipelined gemm_rs's timelines), so a piece is ready about one copy after its
-// GEMM. Measured on 2xH200, TP 2 (benchmarks.overlap_ops --full, one run, 2026-11-22, ms,
-// best push ring -> best pull ring, best pipelined beside): FP8 te4096 0.243 -> 0.221 (0.235),
-// proj M 8192 0.450 -> 0.423 (0.437), proj M 16384 0.870 -> 0.790 (0.871), fc2 M 16384
-// 2.877 -> 2.793 (2.892); bf16 proj M 8192 0.779 -> 0.765. The pulls were the fastest method
-// on 9 of the 12 GEMM+RS rows in that run and on 8, 6 and 6 in three more (FP8 proj M 8192 and
-// 16384, te4096 FP8 and bf16, proj bf16 M 8192 every time); slower on fc2 M 8192 (bf16 2.638
-// -> 2.786). At TP 4 (4xH200, one run) the pulls were the fastest method on 3 of the 12 rows
-// (FP8 proj M 8192 0.404 -> 0.389, M 16384 0.729 -> 0.703; proj bf16 M 16384 0.859 ->
-// 0.851) and 1-4% slower than the best method on the others (te4096 FP8 0.256 vs 0.247).
+// Why: a push is announced by a signal behind its copy on the put lane, then awaited and copied
+// into place by the receiver, so in CUPTI timelines a piece's GEMM on the receiving rank started
+// long after the push ended. A signal right after the GEMM on the compute lane reaches the peer's
+// waiting pull lane within microseconds, so a piece is ready about one copy after its GEMM. Fastest
+// GEMM+RS method on most TP 2 rows (initialize_ub's default there, NOTE [ub tp 2] in
+// overlap/ub.py), on few at TP 4 (docs/performance-log.md [gemm_rs_ring pulls]).
 //
 // NOTE [gemm_rs_ring numerics]: chunk c's result is (((p_{c+1} + p_{c+2}) + ...) + p_c), summed
 // in ring order from rank c+1 (so the order differs per chunk, deterministically). Each GEMM

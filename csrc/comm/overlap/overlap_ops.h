@@ -69,7 +69,7 @@ static_assert(kPieceEpochs % 2 == 1 && kPieceEpochs >= kMaxPieces);
 // NOTE [ag_gemm layout]: each rank's region holds the gathered input as one row-major
 // [size * m, k] matrix (rank j's shard in rows [j m, (j + 1) m), slot j), then, for FP8
 // per-tensor inputs, one 16-byte slot per rank holding that shard's float32 scale_inv at
-// `scale_offset` (DESIGN.md invariant 1: the scale travels with its data, and each chunk's
+// `scale_offset` (docs/design.md §3, invariant 1: the scale travels with its data, and each chunk's
 // GEMM reads its chunk's scale_inv from the buffer).
 struct AgGemmLayout {
   std::size_t shard_bytes = 0;   // one rank's shard (m * k elements)
@@ -167,7 +167,7 @@ BulkConfig bulk_rs_defaults(int size);
 // The shard of a bulk all-gather: `bytes` contiguous bytes in the transport's memory, and
 // for a per-tensor FP8 shard its float32[1] scale_inv (nullptr otherwise). The buffer holds
 // the gathered shards in ag_gemm's layout (NOTE [ag_gemm layout]): rank j's shard at
-// j * bytes, rank j's scale_inv in scale slot j (DESIGN.md invariant 1).
+// j * bytes, rank j's scale_inv in scale slot j (docs/design.md §3, invariant 1).
 struct GatherShard {
   const void* data = nullptr;
   std::size_t bytes = 0;

@@ -31,8 +31,8 @@
 //     of back-to-back launches of one candidate (a calibration pass of single launches sets
 //     the burst so that a sample lasts ~0.2 ms, at most 8 launches): short kernels rank
 //     differently alone between other candidates' kernels than back to back, which is how the
-//     chunk GEMMs of an op and a training step's repeated GEMMs run (with single launches, a
-//     56-us FP8 chunk GEMM's pick won by 1-2% in the tuner and lost by 1% in steady state).
+//     chunk GEMMs of an op and a training step's repeated GEMMs run (docs/performance-log.md
+//     [gemm autotune]).
 //   - CUDA graphs: never tune while the caller's stream is capturing (the synchronisation
 //     would fail and invalidate the capture): the heuristic's first is used and cached
 //     unsettled, to be tuned by the next eager call. Tuning itself switches the thread to the
@@ -44,19 +44,11 @@
 //   - Reproducibility: different processes may pick different algorithms for a key when two
 //     candidates are within noise of each other; turn tuning off (OVERLAP_GEMM_AUTOTUNE=0)
 //     for bit-identical reruns.
-//   - Steady state, tried and not kept (dev A/B, 2026-11-22, one H200): an H200 that runs one
-//     large GEMM back to back for 5-300 ms is power-limited, up to 20% slower than in the
-//     bursts timed here (te8192 chunk 2048 x 8192 x 8192 bf16: 0.34 ms in a burst, 0.41 in a
-//     300 ms window). To see whether power-efficient algorithms should be preferred, each of
-//     the top 8 candidates of 10 keys of the suite was timed in such windows (three
-//     interleaved windows per candidate; one run each with 5, 20, 60 and 300 ms windows).
-//     Within a run the steady-state best beat our pick by up to 4-6% on some keys, but the
-//     best candidate changed from one run to the next: qkv chunk bf16 (2048 x 2560 x 8192):
-//     candidate 0 by 4% at 300 ms, candidate 1 by 1.5% at 20 ms and by 5% at 5 ms; te8192
-//     whole: candidates 2, 6, 1 and 7. No window length gave a ranking that held, so long
-//     windows would buy nothing reproducible for their tuning time. (benchmarks/gemm.py
-//     measures the burst regime against torch, TE's shapes included: there ours ran at
-//     99-106% of torch.mm's and torch._scaled_mm's speed.)
+//   - Steady state, tried and not kept: a GPU running one large GEMM back to back is
+//     power-limited within milliseconds, its GEMMs up to 20% slower than in the bursts timed
+//     here, but timing the candidates in such windows gave no ranking that held from one run
+//     to the next, so long windows would buy nothing reproducible for their tuning time
+//     (docs/performance-log.md [gemm autotune]).
 #pragma once
 
 #include <cuda_runtime_api.h>
