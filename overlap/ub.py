@@ -30,7 +30,7 @@ after another, never concurrently, so they share one buffer per (kind, buffer dt
 put_split): every AG+GEMM of a bf16 layer runs on one buffer, every GEMM+RS (pipelined or
 ring, sized for the larger need) on another. A gathered input
 (``AllGatherGemm.gathered_input``) is therefore only defined until the next op of any GEMM
-name of that kind; never save it for backward (DESIGN.md invariant 2).
+name of that kind; never save it for backward (docs/design.md §3, invariant 2).
 
 NOTE [ub tp 2]: at TP 2 (``UbConfig.tp``, which :func:`initialize_ub` sets to its group's
 size) proj/fc2 fprop default to ``RING_RS`` with ``pull_shards`` (two sub-chunks, one compute
@@ -74,7 +74,7 @@ need (tokens divisible by the TP size, a CUDA device for the cuda transport).
 
 The module-level default registry (:func:`initialize_ub` stores the handle it returns,
 :func:`get_ub` and :func:`destroy_ub` use it) is a convenience for scripts; layers should take
-the :class:`Userbuffers` handle explicitly (DESIGN.md section 8). Only one default handle
+the :class:`Userbuffers` handle explicitly (docs/design.md §8). Only one default handle
 exists at a time; ``initialize_ub(..., register=False)`` builds a handle outside it.
 """
 
@@ -187,7 +187,7 @@ def _keeps_gathered_by_default(name: str, gemms: Mapping[str, GemmOverlapConfig]
     gathered input in its buffer by default. proj/fc2 dgrad do: their wgrad (``NONE``) reads
     the gathered dY from it (NOTE [ub bulk]). qkv/fc1 fprop do only when that layer's dgrad
     is not ``BULK_AG``, which re-gathers the input for wgrad: the caller then copies the fprop's
-    gathered input out for backward (DESIGN.md invariant 2). Not keeping saves a local copy
+    gathered input out for backward (docs/design.md §3, invariant 2). Not keeping saves a local copy
     beside the pushes (NOTE [ag_gemm own slot]: up to 8% of the op)."""
     layer, pass_ = name.split("_")
     if pass_ == "dgrad":

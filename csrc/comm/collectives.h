@@ -1,6 +1,6 @@
 // Collectives on a symmetric buffer, written once against the Transport interface.
 //
-// NOTE [buffer reuse] (DESIGN.md invariant 8): every op on a buffer has an epoch e. At its
+// NOTE [buffer reuse] (docs/design.md §3, invariant 8): every op on a buffer has an epoch e. At its
 // start a rank tells every peer "I have entered op e: I read nothing of epoch e-1 any more"
 // (kAck = e) and waits until every peer has said the same, before it writes into any buffer. A fast
 // rank can thus never overwrite data a slow peer still reads, and a view handed out of a buffer
@@ -38,7 +38,7 @@ struct GatherPart {
 };
 
 // Gathers several parts in one op (one barrier, one signal per peer): e.g. a quantized
-// shard's data and its scale_inv, which must travel together (DESIGN.md invariant 1).
+// shard's data and its scale_inv, which must travel together (docs/design.md §3, invariant 1).
 void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
                       cudaStream_t stream);
 

@@ -1,5 +1,5 @@
 """Userbuffer managers: copy quantized shards (data + scale_inv) into symmetric buffers and hand
-gathered tensors out, never letting a saved activation alias a buffer (DESIGN.md §3).
+gathered tensors out, never letting a saved activation alias a buffer (docs/design.md §3).
 
 * :mod:`~overlap.buffers.layout`: the byte layout of each part (rowwise / columnwise data and
   scale_inv) per format: 256-byte aligned regions of ``tp_size`` slots;

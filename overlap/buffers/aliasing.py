@@ -1,7 +1,7 @@
-"""Saving for backward without aliasing a userbuffer (DESIGN.md invariant 2).
+"""Saving for backward without aliasing a userbuffer (docs/design.md §3, invariant 2).
 
 Symmetric buffers are shared by every layer and overwritten by the next op, so a tensor saved
-for backward must never be a view into one (seed discussion 001: a layer quantized its
+for backward must never be a view into one (a bug seen in a peer library: a layer quantized its
 activation straight into the buffer and saved that view; the next layer's op overwrote it).
 
 * :func:`aliases_buffer` says whether a tensor (or any tensor of a quantized tensor) lies in
@@ -170,8 +170,8 @@ def saveable(obj: T, *, policy: AliasPolicy = AliasPolicy.COPY) -> T:
         if policy is AliasPolicy.REFUSE:
             raise StateError(
                 f"refusing to save a view of userbuffer {obj.buffer_name!r}: it is overwritten "
-                "by the next op on that buffer (DESIGN.md invariant 2); save the local shard "
-                "and re-gather in backward, or copy it"
+                "by the next op on that buffer (docs/design.md §3, invariant 2); save the local "
+                "shard and re-gather in backward, or copy it"
             )
         return saveable(value, policy=AliasPolicy.COPY)  # type: ignore[return-value]
     tensors = _tensors_of(obj)
@@ -181,7 +181,7 @@ def saveable(obj: T, *, policy: AliasPolicy = AliasPolicy.COPY) -> T:
     if policy is AliasPolicy.REFUSE:
         raise StateError(
             f"refusing to save a tensor that aliases userbuffer(s) {sorted(names)}: buffers are "
-            "overwritten by the next op (DESIGN.md invariant 2); save the local shard and "
+            "overwritten by the next op (docs/design.md §3, invariant 2); save the local shard and "
             "re-gather in backward, or copy it (AliasPolicy.COPY)"
         )
     import torch

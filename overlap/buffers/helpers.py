@@ -1,4 +1,5 @@
-"""Helpers layers use around a :class:`~overlap.buffers.GatherBuffer` (DESIGN.md invariant 2).
+"""Helpers layers use around a :class:`~overlap.buffers.GatherBuffer` (docs/design.md §3,
+invariant 2).
 
 A sequence-parallel layer gathers its activation in forward and needs the gathered
 activation's columnwise operand again for wgrad in backward. Between the two, other layers

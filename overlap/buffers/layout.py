@@ -10,7 +10,7 @@ placement of :meth:`~overlap.comm.SymmetricBuffer.all_gather_into`)::
     | rowwise data     | rowwise scales   | columnwise data  | columnwise scales |
     | s0 | s1 | ... |  | s0 | s1 | ... |  | s0 | s1 | ... |  | s0 | s1 | ... |
 
-NOTE [which directions travel] (DESIGN.md invariant 5): a direction whose data can be made
+NOTE [which directions travel] (docs/design.md §3, invariant 5): a direction whose data can be made
 exactly from the gathered other direction is not gathered: per-tensor FP8 (both directions
 TENSOR of one encoding) gathers rowwise data and its scale_inv and transposes after the
 gather; high precision gathers one ``[M, K]`` tensor that serves both directions. Every other

@@ -1,4 +1,5 @@
-"""Buffer managers: quantized shards in, gathered tensors out (DESIGN.md invariants 1, 2, 5).
+"""Buffer managers: quantized shards in, gathered tensors out (docs/design.md §3, invariants
+1, 2, 5).
 
 A :class:`GatherBuffer` manages one :class:`~overlap.comm.SymmetricBuffer` of a TP group::
 
@@ -8,7 +9,7 @@ A :class:`GatherBuffer` manages one :class:`~overlap.comm.SymmetricBuffer` of a 
     y = gemm(view.value, weight)                                     # use it now
     ctx.save_for_backward(*local.tensors())                          # save the LOCAL shard
 
-NOTE [scale_inv travels with the data] (invariant 1, seed discussion 001): staging copies
+NOTE [scale_inv travels with the data] (docs/design.md §3, invariant 1): staging copies
 the shard's data AND its scale_inv (and the columnwise parts the format gathers) into this
 rank's slots, the gather moves all parts in one op, and a gathered tensor's scale_inv is a
 view of the gathered scales in the buffer. A quantizer is never asked for a scale after the

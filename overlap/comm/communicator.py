@@ -295,7 +295,7 @@ class SymmetricBuffer:
 
         The view stays valid memory even after :meth:`destroy` (it keeps the region alive),
         but its CONTENTS are only defined until the next op on this buffer: never save it
-        for backward (DESIGN.md invariant 2); copy it instead.
+        for backward (docs/design.md §3, invariant 2); copy it instead.
         """
         import torch
 
@@ -368,7 +368,7 @@ class SymmetricBuffer:
             parts: ``(shard, offset)`` pairs: rank ``k``'s ``shard`` (contiguous, any dtype,
                 same nbytes on every rank) lands at byte ``offset + k * shard.nbytes`` of every
                 rank's region. Parts must not overlap. Typical use: a quantized shard's data
-                and its scale_inv, which must travel together (DESIGN.md invariant 1).
+                and its scale_inv, which must travel together (docs/design.md §3, invariant 1).
 
         Read the result with :meth:`view`; it is valid until the next op on this buffer. The
         same op as :meth:`all_gather` (two handshake kernels on cuda).

@@ -85,7 +85,7 @@ def gathered_input(g: GatherState, *, check_scales: bool = True) -> torch.Tensor
         raise StateError(
             f"{g.op}: the ranks' shards have different scale_inv values "
             f"({scales.tolist()}); a gathered per-tensor FP8 tensor needs one (quantize with "
-            "an amax reduced over the TP group, DESIGN.md invariant 3). Use "
+            "an amax reduced over the TP group, docs/design.md §3, invariant 3). Use "
             "gathered_scale_invs() to read them"
         )
     return QuantizedTensor(

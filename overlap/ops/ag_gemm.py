@@ -284,7 +284,7 @@ class AllGatherGemm:
         """The input gathered by the last call: ``[tp * m, K]``, a view of the buffer (FP8:
         a :class:`QuantizedTensor` with the one scale_inv every rank's shard must share).
 
-        Valid until the next op on this object (DESIGN.md invariant 2: never save it for
+        Valid until the next op on this object (docs/design.md §3, invariant 2: never save it for
         backward; copy it, or save the shard and re-gather). On cuda, read it on the stream
         of the call (or after it); the FP8 scale check reads the scales on the host
         (``check_scales=False`` skips it, for shards quantized with a shared amax).

@@ -193,7 +193,7 @@ class AllGatherBesideGemm:
         in_features: ``K``, the shard's columns.
         dtype: the dtype the shard travels in: bfloat16/float16/float32, or an FP8 dtype for
             per-tensor FP8 shards (given as :class:`~overlap.quantization.QuantizedTensor`;
-            their scale_inv travels in the buffer with the data, DESIGN.md invariant 1).
+            their scale_inv travels in the buffer with the data, docs/design.md §3, invariant 1).
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on (at least
             :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in :mod:`overlap.ops.ag_gemm`).
@@ -303,14 +303,14 @@ class AllGatherBesideGemm:
         """The input gathered by the last call: ``[tp * m, K]``, a view of the buffer (FP8: a
         :class:`QuantizedTensor` whose scale_inv is read from the buffer).
 
-        Valid until the next op on the buffer (DESIGN.md invariant 2: never save it for
+        Valid until the next op on the buffer (docs/design.md §3, invariant 2: never save it for
         backward). On cuda, read it on the stream of the call (or after it); the FP8 check
         that every rank's scale_inv is the same reads the scales on the host
         (``check_scales=False`` skips it, for shards quantized with a shared amax).
 
         Raises:
             StateError: before the first call, or FP8 shards whose scale_invs differ (quantize
-                with an amax reduced over the TP group, DESIGN.md invariant 3;
+                with an amax reduced over the TP group, docs/design.md §3, invariant 3;
                 :meth:`gathered_scale_invs` has them).
         """
         return gathered_input(self._gather_state(), check_scales=check_scales)

@@ -1,4 +1,4 @@
-"""Multi-rank: buffer managers gather quantized shards with their scale_inv (DESIGN.md
+"""Multi-rank: buffer managers gather quantized shards with their scale_inv (docs/design.md §3,
 invariants 1, 2, 3, 5), on both transports.
 
 The host transport runs everywhere (CI); the cuda transport needs one GPU per rank.
@@ -11,7 +11,7 @@ import pytest
 from tests.distributed.launcher import run_workers
 
 LAYOUTS = [(2, 2), (4, 4), (4, 2)]  # (ranks, TP size): (4, 2) is two TP groups of two
-SCENARIOS = ["formats", "seed001", "pipeline", "current_sp", "staleness", "negative"]
+SCENARIOS = ["formats", "shared_consumers", "pipeline", "current_sp", "staleness", "negative"]
 
 
 def _id(n: int, tp: int) -> str:

@@ -1,4 +1,5 @@
-"""Multi-rank: per-tensor FP8 shards of a TP group share one scale (DESIGN.md invariant 3)."""
+"""Multi-rank: per-tensor FP8 shards of a TP group share one scale (docs/design.md §3,
+invariant 3)."""
 
 from __future__ import annotations
 

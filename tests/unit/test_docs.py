@@ -42,32 +42,10 @@ FORBIDDEN = {
 # references (to docs/design.md §N, "docs/design.md §3, invariant N", or a description of the
 # bug instead of a seed number), then delete its line here; test_allow_list_is_current fails
 # until the line is gone.
-ALLOWED = {
-    "old design notes": {
-        "benchmarks/data/te_reference.json",
-        "csrc/comm/collectives.h",
-        "csrc/comm/cuda/cuda_transport.cpp",
-        "overlap/buffers/__init__.py",
-        "overlap/buffers/aliasing.py",
-        "overlap/buffers/helpers.py",
-        "overlap/buffers/layout.py",
-        "overlap/buffers/manager.py",
-        "overlap/comm/communicator.py",
-        "overlap/ops/_gathered.py",
-        "overlap/ops/ag_gemm.py",
-        "overlap/ops/bulk.py",
-        "overlap/ub.py",
-        "tests/distributed/test_buffers.py",
-        "tests/distributed/test_quantizers.py",
-        "tests/distributed/workers/quantizers_worker.py",
-    },
+ALLOWED: dict[str, set[str]] = {
+    "old design notes": set(),
     "paths outside the repository": set(),
-    "numbered seed threads": {
-        "overlap/buffers/aliasing.py",
-        "overlap/buffers/manager.py",
-        "tests/distributed/test_buffers.py",
-        "tests/distributed/workers/buffers_worker.py",
-    },
+    "numbered seed threads": set(),
 }
 # csrc files whose comments still hold dated measurements (to be moved to the performance
 # log, section 7 there lists them): THIS LIST MUST SHRINK TO EMPTY as well.

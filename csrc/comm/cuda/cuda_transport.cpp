@@ -25,7 +25,7 @@
 //   all of an op's signals and waits at one point where the SMs are idle, in one one-block
 //   kernel (the stand-alone all-gather meets in two: NOTE [gather handshakes] in
 //   collectives.cpp; the bulk ops, which run beside a GEMM, in none).
-// - No multicast objects, no multimem instructions, ever (DESIGN.md invariant 6).
+// - No multicast objects, no multimem instructions, ever (docs/design.md §3, invariant 6).
 //
 // Graph capture: ops may be captured into a CUDA graph through a GraphLog, which makes every
 // replay take fresh epochs (NOTE [graph capture] in comm/cuda/graph_log.h).

@@ -1,7 +1,7 @@
 """Buffer managers over a TP group, checked against torch.distributed (gloo, CPU copies).
 
 Usage: buffers_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: formats, seed001, pipeline, current_sp, staleness, negative.
+Scenarios: formats, shared_consumers, pipeline, current_sp, staleness, negative.
 
 Every rank quantizes its own shard (magnitudes differ by rank), the manager gathers it, and
 the gathered tensor is compared with every rank's local shard gathered by gloo: the same
@@ -232,10 +232,11 @@ SEED_FORMATS = {
 }
 
 
-def seed001(comm: Communicator, tp: TorchBootstrap) -> None:
-    """Seed 001: two consumers share one buffer. Consumer 1 saves its activation, consumer 2
-    overwrites the buffer; consumer 1's saved activation and scale_inv are intact, its old
-    view refuses to be read, and its backward re-gather from the saved shard is exact."""
+def shared_consumers(comm: Communicator, tp: TorchBootstrap) -> None:
+    """Two consumers share one buffer (the bug behind docs/design.md §3, invariant 2).
+    Consumer 1 saves its activation, consumer 2 overwrites the buffer; consumer 1's saved
+    activation and scale_inv are intact, its old view refuses to be read, and its backward
+    re-gather from the saved shard is exact."""
     specs = [make() for make, _ in SEED_FORMATS.values()]
     mgr = GatherBuffer.create(comm, (256, 256), specs, dtype=torch.bfloat16, name="shared")
     other = GatherBuffer(mgr.buffer)  # a second manager over the same buffer
@@ -475,7 +476,7 @@ def main() -> None:
     comm = Communicator(tp, transport, timeout_s=60)
     {
         "formats": formats,
-        "seed001": seed001,
+        "shared_consumers": shared_consumers,
         "pipeline": pipeline,
         "current_sp": current_sp,
         "staleness": staleness,

@@ -1,4 +1,5 @@
-"""Sequence-parallel FP8 shards sharing one scale over the TP group (DESIGN.md invariant 3).
+"""Sequence-parallel FP8 shards sharing one scale over the TP group (docs/design.md §3,
+invariant 3).
 
 Usage: quantizers_worker.py <tp_size>
 
