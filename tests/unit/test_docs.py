@@ -48,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
     "numbered seed threads": set(),
 }
 # csrc files whose comments still hold dated measurements (to be moved to the performance
-# log, section 7 there lists them): THIS LIST MUST SHRINK TO EMPTY as well.
+# log, section 8 there lists them): THIS LIST MUST SHRINK TO EMPTY as well.
 DATED_ALLOWED = {
     "csrc/comm/cuda/cuda_memory.h",
     "csrc/comm/cuda/cuda_transport.cpp",
