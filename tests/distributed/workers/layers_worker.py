@@ -611,9 +611,11 @@ def timeout(tp: Any, gen: torch.Generator) -> None:
     x = rand(tokens // tp.size, H, gen=gen).to(dtype).to(DEVICE).requires_grad_()
     model(None)(x).float().sum().backward()
     for stage in ("forward", "backward"):
-        ub = make_ub(tp, tokens, dtype, timeout_s=1.0)
+        ub = make_ub(tp, tokens, dtype, timeout_s=30.0)  # the calls that must succeed
         layers = model(ub)
         y = layers(x) if stage == "backward" else None
+        for buf in ub.comm._buffers:
+            buf.timeout_s = 1.0  # the stalled stage
         if tp.rank == absent:
             time.sleep(3.0)
         else:
