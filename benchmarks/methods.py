@@ -45,8 +45,9 @@ from overlap.ops import (
     GemmReduceScatter,
     ReduceScatterBesideGemm,
 )
+from overlap.ops.bulk import bulk_rs_max_blocks
 from overlap.quantization import QuantizedTensor
-from overlap.ub import LAYERS, GemmOverlapConfig, OverlapMethod, UbConfig
+from overlap.ub import LAYERS, MethodConfig, OverlapMethod, UbConfig
 
 __all__ = [
     "BULK_OPS",
@@ -428,8 +429,8 @@ register(
 #
 # NOTE [default variant]: T_ours is the best of every registered variant of a row, which is
 # what an expert who tunes the methods per GEMM gets; a user of initialize_ub() gets the
-# default method of each GEMM name (overlap.ub.default_method and GemmOverlapConfig's
-# defaults, filled in for the TP size). ub_default_variant() names the registered variant that
+# default method of each GEMM name (overlap.ub.default_method and the core's defaults for
+# the TP size). ub_default_variant() names the registered variant that
 # runs exactly that configuration, so that the benchmark reports it beside the best one
 # (T_default, default/floor). It is derived from UbConfig, never written down twice: a change
 # of a default moves the column with it, and a default that no registered variant runs gives
@@ -461,35 +462,44 @@ _OP_METHODS = {
 }
 
 
-def _default_kwargs(op: str, cfg: GemmOverlapConfig) -> tuple[str, dict[str, Any]] | None:
-    """(method, kwargs) of the variant of ``op`` that runs ``cfg`` (a :class:`UbConfig` entry,
-    defaults filled in), as the registrations above give them; None when ``cfg`` is another
-    op's method, or a setting the builders leave at the op's default."""
+def _default_kwargs(op: str, cfg: MethodConfig) -> tuple[str, dict[str, Any]] | None:
+    """(method, kwargs) of the variant of ``op`` that runs ``cfg`` (a :class:`UbConfig` entry:
+    the config of its method, every knob concrete), as the registrations above give them;
+    None when ``cfg`` is another op's method, or a setting the builders leave at the op's
+    default."""
     m = cfg.method
-    pieces = {"pieces": cfg.piece_count} if cfg.piece_count > 1 else {}
+    if m not in _OP_METHODS[op]:
+        return None
+    piece_count = getattr(cfg, "pieces", 1)
+    pieces = {"pieces": piece_count} if piece_count > 1 else {}
+    split = getattr(cfg, "put_split", 1)  # a GEMM+RS buffer keeps its own
     # what the builders leave at the op's default must be that default
     builders_express = {
         OverlapMethod.RING_AG: True,
-        OverlapMethod.PIPELINE_RS: cfg.max_blocks == 0,
-        OverlapMethod.RING_RS: cfg.max_blocks == 0,
-        OverlapMethod.BULK_AG: cfg.put_split == 1,  # serial: the buffers' default
-        OverlapMethod.BULK_RS: cfg.put_split == 1 and cfg.reduce_max_blocks is None,
+        OverlapMethod.PIPELINE_RS: getattr(cfg, "reduce_max_blocks", 0) == 0,
+        OverlapMethod.RING_RS: getattr(cfg, "reduce_max_blocks", 0) == 0,
+        OverlapMethod.BULK_AG: split == 1,  # serial: the buffers' default
+        OverlapMethod.BULK_RS: split == 1
+        and getattr(cfg, "reduce_max_blocks", None) == bulk_rs_max_blocks(),
     }
-    if m not in _OP_METHODS[op] or not builders_express[m]:
+    if not builders_express[m]:
         return None
-    if m is OverlapMethod.RING_AG and cfg.pulls:
-        found = "pull", {"lanes": cfg.lanes, **pieces}
+    lanes = getattr(cfg, "compute_lanes", None)
+    if m is OverlapMethod.RING_AG and cfg.pull_shards:  # type: ignore[union-attr]
+        found = "pull", {"lanes": lanes, **pieces}
     elif m is OverlapMethod.RING_AG:
-        kw = {"lanes": cfg.lanes, "split": cfg.put_split, "staggered": cfg.staggered_puts}
-        found = "pipeline", {**kw, **pieces}
+        staggered = cfg.staggered_puts  # type: ignore[union-attr]
+        found = "pipeline", {"lanes": lanes, "split": split, "staggered": staggered, **pieces}
     elif m is OverlapMethod.PIPELINE_RS:
-        found = "pipeline", {"lanes": cfg.lanes, "split": cfg.put_split, **pieces}
+        found = "pipeline", {"lanes": lanes, "split": split, **pieces}
     elif m is OverlapMethod.RING_RS:
-        found = "ring", {"lanes": cfg.lanes, "subchunks": cfg.ring_subchunks, "pull": cfg.pulls}
+        subchunks, pull = cfg.ring_subchunks, cfg.pull_shards  # type: ignore[union-attr]
+        found = "ring", {"lanes": lanes, "subchunks": subchunks, "pull": pull}
     elif m is OverlapMethod.BULK_AG:
         found = "bulk", {"serial": True}
     else:  # BULK_RS
-        found = "bulk", {"serial": True, "margin": cfg.sm_margin, "pieces": cfg.piece_count}
+        margin = cfg.gemm_sm_margin  # type: ignore[union-attr]
+        found = "bulk", {"serial": True, "margin": margin, "pieces": piece_count}
     return found
 
 

@@ -13,7 +13,7 @@ cuBLASLt's epilogue computes (``torch.nn.functional.gelu(v, approximate="tanh")`
 
 Inputs are both bfloat16, both float16, both float32, or both FP8 (``float8_e4m3fn`` /
 ``float8_e5m2``, not e5m2 x e5m2). FP8 operands carry a float32 ``scale_inv`` (the data is
-``float(q) * scale_inv``) with a :class:`~overlap.quantization.ScalingMode`:
+``float(q) * scale_inv``) with a :class:`~overlap.dtypes.ScalingMode`:
 
 - ``TENSOR`` (the default for FP8): one element;
 - ``BLOCK_1X128``: ``[rows, ceil(cols / 128)]`` for data stored ``[rows, cols]``
@@ -49,12 +49,13 @@ start-up, so that no GEMM of a pipelined overlap schedule tunes mid-flight.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from overlap._native import native
+from overlap.dtypes import ScalingMode, is_fp8
 from overlap.errors import ConfigError, InvalidArgumentError
-from overlap.quantization import ScalingMode
 
 if TYPE_CHECKING:
     import torch
@@ -72,27 +73,30 @@ __all__ = [
     "set_autotune_config",
 ]
 
-MAX_AUTOTUNE_CANDIDATES = 64  # kMaxAutotuneCandidates in csrc/gemm/gemm.h
-MAX_AUTOTUNE_ROUNDS = 100  # kMaxAutotuneRounds
 
-
-def _is_fp8(dtype: torch.dtype) -> bool:
-    import torch
-
-    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-_TENSOR = ScalingMode.TENSOR.value
-
-
-def _scaling_name(fp8: bool, mode: ScalingMode | None, name: str) -> str:
+def _scaling(fp8: bool, mode: ScalingMode | None, name: str) -> ScalingMode | None:
+    """An operand's scaling: the one given, else ``TENSOR`` for FP8 data (None: not scaled)."""
     if mode is None:
-        return _TENSOR if fp8 else "none"
+        return ScalingMode.TENSOR if fp8 else None
     if not isinstance(mode, ScalingMode):
         raise InvalidArgumentError(
-            f"gemm: {name} must be an overlap.quantization.ScalingMode, got {mode!r}"
+            f"gemm: {name} must be an overlap.dtypes.ScalingMode, got {mode!r}"
         )
-    return mode.value
+    return mode
+
+
+@functools.cache
+def _native_scaling() -> dict[ScalingMode | None, Any]:
+    """Each scaling as the binding's ``ScalingMode`` (the enum that crosses it)."""
+    e = native().gemm.ScalingMode
+    return {
+        None: e.NONE,
+        ScalingMode.TENSOR: e.TENSOR,
+        ScalingMode.BLOCK_1X128: e.BLOCK_1X128,
+        ScalingMode.BLOCK_128X128: e.BLOCK_128X128,
+        ScalingMode.MXFP8_ROWWISE: e.MXFP8,
+        ScalingMode.MXFP8_COLUMNWISE: e.MXFP8,
+    }
 
 
 # NOTE [gemm host path]: a GEMM shorter than its host cost is launch-bound, so the per-call
@@ -180,7 +184,7 @@ def gemm(
             when out is float16, either for FP8 outputs).
         gelu: apply tanh-approximated GELU after the bias.
         a_scale_inv, b_scale_inv: float32 scales of FP8 operands (layouts above).
-        a_scaling, b_scaling: :class:`~overlap.quantization.ScalingMode` of FP8 operands;
+        a_scaling, b_scaling: :class:`~overlap.dtypes.ScalingMode` of FP8 operands;
             ``TENSOR`` by default.
         out_scale: float32 ``[1]``, required for FP8 outputs: stored values are
             ``fp8(v * out_scale)``.
@@ -258,7 +262,7 @@ def _gemm(  # noqa: PLR0917 (positional on purpose: NOTE [gemm host path])
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise InvalidArgumentError(f"gemm: {name} must be a 2-D torch.Tensor, got {t!r:.80}")
     m = a.shape[1] if transa else a.shape[0]
-    fp8 = _is_fp8(a.dtype)
+    fp8 = is_fp8(a.dtype)
     if out is None:
         if beta != 0.0 or row_offset != 0:
             raise InvalidArgumentError(
@@ -273,10 +277,11 @@ def _gemm(  # noqa: PLR0917 (positional on purpose: NOTE [gemm host path])
         raise InvalidArgumentError(
             f"gemm: out_dtype={out_dtype} but out is {out.dtype}; pass one of them"
         )
-    a_mode = _scaling_name(fp8, a_scaling, "a_scaling")
-    b_mode = _scaling_name(_is_fp8(b.dtype), b_scaling, "b_scaling")
+    a_mode = _scaling(fp8, a_scaling, "a_scaling")
+    b_mode = _scaling(is_fp8(b.dtype), b_scaling, "b_scaling")
     if fast_accum is None:
-        fast_accum = a_mode == _TENSOR and b_mode == _TENSOR
+        fast_accum = a_mode is ScalingMode.TENSOR and b_mode is ScalingMode.TENSOR
+    modes = _native_scaling()
     # The core's argument order (csrc/bindings/gemm.cpp), positional: NOTE [gemm host path].
     record = native().gemm.gemm(
         a,
@@ -286,8 +291,8 @@ def _gemm(  # noqa: PLR0917 (positional on purpose: NOTE [gemm host path])
         transb,
         a_scale_inv,
         b_scale_inv,
-        a_mode,
-        b_mode,
+        modes[a_mode],
+        modes[b_mode],
         alpha,
         beta,
         bias,
@@ -353,10 +358,15 @@ class AutotuneConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ConfigError(f"AutotuneConfig: enabled must be a bool, got {self.enabled!r}")
+        limits = native().gemm  # the core's bounds (csrc/gemm/gemm.h)
         _check_int(
-            "AutotuneConfig", "max_candidates", self.max_candidates, 1, MAX_AUTOTUNE_CANDIDATES
+            "AutotuneConfig",
+            "max_candidates",
+            self.max_candidates,
+            1,
+            limits.MAX_AUTOTUNE_CANDIDATES,
         )
-        _check_int("AutotuneConfig", "rounds", self.rounds, 1, MAX_AUTOTUNE_ROUNDS)
+        _check_int("AutotuneConfig", "rounds", self.rounds, 1, limits.MAX_AUTOTUNE_ROUNDS)
 
 
 def get_autotune_config() -> AutotuneConfig:
@@ -450,8 +460,7 @@ class GemmProblem:
             value = getattr(self, name)
             if value is not None and not isinstance(value, ScalingMode):
                 raise ConfigError(
-                    f"GemmProblem: {name} must be an overlap.quantization.ScalingMode, "
-                    f"got {value!r}"
+                    f"GemmProblem: {name} must be an overlap.dtypes.ScalingMode, got {value!r}"
                 )
 
     @classmethod
@@ -494,10 +503,10 @@ def _problem_tensors(p: GemmProblem, device: torch.device) -> dict[str, Any]:
 
     def matrix(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
         x = torch.randn(rows, cols, device=device)
-        return (x if _is_fp8(dtype) else x * 0.1).to(dtype)
+        return (x if is_fp8(dtype) else x * 0.1).to(dtype)
 
     def scale_inv(data: torch.Tensor, mode: ScalingMode | None) -> torch.Tensor | None:
-        if not _is_fp8(data.dtype):
+        if not is_fp8(data.dtype):
             return None
         rows, cols = data.shape
         if mode in (None, ScalingMode.TENSOR):
@@ -513,7 +522,7 @@ def _problem_tensors(p: GemmProblem, device: torch.device) -> dict[str, Any]:
     b_dtype = p.b_dtype or p.dtype
     a = matrix(*((p.k, p.m) if p.transa else (p.m, p.k)), p.dtype)
     b = matrix(*((p.n, p.k) if p.transb else (p.k, p.n)), b_dtype)
-    out_dtype = p.out_dtype or (torch.bfloat16 if _is_fp8(p.dtype) else p.dtype)
+    out_dtype = p.out_dtype or (torch.bfloat16 if is_fp8(p.dtype) else p.dtype)
     out = (
         matrix(p.m, p.n, out_dtype)
         if p.accumulate
@@ -534,7 +543,7 @@ def _problem_tensors(p: GemmProblem, device: torch.device) -> dict[str, Any]:
     }
     if p.bias_dtype is not None:
         kw["bias"] = (torch.randn(p.n, device=device) * 0.1).to(p.bias_dtype)
-    if _is_fp8(out_dtype):
+    if is_fp8(out_dtype):
         kw["out_scale"] = torch.ones(1, device=device)
         if p.out_amax:
             kw["out_amax"] = torch.zeros(1, device=device)

@@ -1,6 +1,7 @@
 // overlap._C.comm_ops: the comm-GEMM overlap ops (use overlap.ops instead). Tensors become
 // GEMM operands here; the core validates everything before communicating.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <iterator>
@@ -97,20 +98,113 @@ float* scalar(const SymmetricBuffer& buf, const std::optional<TensorRef>& t, con
   return static_cast<float*>(t->data);
 }
 
-comm::OverlapConfig config(int compute_lanes, int reduce_max_blocks, bool staggered_puts,
-                           int pieces) {
-  comm::OverlapConfig c;
-  c.compute_lanes = compute_lanes;
-  c.reduce_max_blocks = reduce_max_blocks;
-  c.staggered_puts = staggered_puts;
-  c.pieces = pieces;
-  return c;
+// A tuning struct of NOTE [overlap defaults] as a read-only Python class: its fields, FIELDS
+// (their names, in order), a constructor giving the defaults of any size, equality and a repr.
+template <typename C>
+class ConfigClass {
+ public:
+  ConfigClass(py::module_& m, const char* name, const char* doc) : cls_(m, name, doc) {
+    cls_.def(py::init<>(), "The defaults of any group size.");
+  }
+  template <typename T>
+  ConfigClass& field(const char* name, T C::*member, const char* doc) {
+    cls_.def_readonly(name, member, doc);
+    names_.append(name);
+    return *this;
+  }
+  void done() {
+    const py::tuple names(names_);
+    cls_.attr("FIELDS") = names;
+    cls_.def("__eq__", [names](const py::object& self, const py::object& other) {
+      if (!py::type::of(self).is(py::type::of(other))) return false;
+      for (const auto& f : names) {
+        if (!self.attr(f).equal(other.attr(f))) return false;
+      }
+      return true;
+    });
+    cls_.attr("__hash__") = py::none();
+    cls_.def("__repr__", [names](const py::object& self) {
+      std::string out = py::str(py::type::of(self).attr("__name__"));
+      const char* sep = "(";
+      for (const auto& f : names) {
+        out += sep + std::string(py::str(f)) + "=" + std::string(py::repr(self.attr(f)));
+        sep = ", ";
+      }
+      return out + ")";
+    });
+  }
+
+ private:
+  py::class_<C> cls_;
+  py::list names_;
+};
+
+// The limits, tuning structs and defaults of NOTE [overlap defaults].
+void register_tuning(py::module_& c) {
+  c.attr("MAX_COMPUTE_LANES") = comm::kMaxComputeLanes;
+  c.attr("MAX_PIECES") = comm::kMaxPieces;
+  c.attr("MAX_RING_SUBCHUNKS") = comm::kMaxRingSubchunks;
+  // A buffer's put_split (NOTE [put split] in symmetric_buffer.h): bound and default.
+  c.attr("MAX_PUT_SPLIT") = SymmetricBuffer::kMaxPutSplit;
+  c.attr("DEFAULT_PUT_SPLIT") = SymmetricBuffer::kDefaultPutSplit;
+  c.attr("SLOT_ALIGNMENT") = comm::kSlotAlignment;
+  py::enum_<comm::RsMethod>(c, "RsMethod", "How a GEMM -> RS moves and sums the partial sums.")
+      .value("PIPELINED", comm::RsMethod::kPipelined, "gemm_rs: chunks pulled, one reduction")
+      .value("RING", comm::RsMethod::kRing, "gemm_rs_ring: running sums travel the ring");
+  ConfigClass<comm::AgGemmConfig>(c, "AgGemmConfig", "Tuning of ag_gemm (overlap_ops.h).")
+      .field("compute_lanes", &comm::AgGemmConfig::compute_lanes, "streams of the chunk GEMMs")
+      .field("staggered_puts", &comm::AgGemmConfig::staggered_puts, "one peer after the other")
+      .field("pull_shards", &comm::AgGemmConfig::pull_shards, "the peers pull the shard")
+      .field("pieces", &comm::AgGemmConfig::pieces, "pieces of each peer's shard")
+      .field("keep_gathered", &comm::AgGemmConfig::keep_gathered, "the buffer keeps it whole")
+      .done();
+  ConfigClass<comm::GemmRsConfig>(c, "GemmRsConfig", "Tuning of gemm_rs (overlap_ops.h).")
+      .field("compute_lanes", &comm::GemmRsConfig::compute_lanes, "streams of the chunk GEMMs")
+      .field("reduce_max_blocks", &comm::GemmRsConfig::reduce_max_blocks, "reduction grid bound")
+      .field("pieces", &comm::GemmRsConfig::pieces, "rounds of the chunks")
+      .done();
+  ConfigClass<comm::GemmRsRingConfig>(c, "GemmRsRingConfig",
+                                      "Tuning of gemm_rs_ring (overlap_ops.h).")
+      .field("compute_lanes", &comm::GemmRsRingConfig::compute_lanes, "streams of the GEMMs")
+      .field("reduce_max_blocks", &comm::GemmRsRingConfig::reduce_max_blocks, "FP8 cast's grid")
+      .field("ring_subchunks", &comm::GemmRsRingConfig::ring_subchunks, "sub-chunks per hop")
+      .field("pull_shards", &comm::GemmRsRingConfig::pull_shards, "the successor pulls")
+      .done();
+  ConfigClass<comm::GemmRsDefault>(c, "GemmRsDefault",
+                                   "The GEMM -> RS that runs where none is chosen.")
+      .field("method", &comm::GemmRsDefault::method, "the method")
+      .field("pull_shards", &comm::GemmRsDefault::pull_shards, "the ring's pull_shards")
+      .done();
+  ConfigClass<comm::BulkRsConfig>(c, "BulkRsConfig",
+                                  "Tuning of reduce_scatter_beside_gemm (overlap_ops.h).")
+      .field("reduce_max_blocks", &comm::BulkRsConfig::reduce_max_blocks, "reduction grid bound")
+      .field("gemm_sm_margin", &comm::BulkRsConfig::gemm_sm_margin, "SMs the GEMM leaves free")
+      .field("pieces", &comm::BulkRsConfig::pieces, "pieces of the partial sums")
+      .done();
+  constexpr const char* kSizeDoc = " at `size` ranks (<= 0: any size); NOTE [overlap defaults].";
+  c.def("ag_gemm_defaults", &comm::ag_gemm_defaults, py::arg("size"),
+        (std::string("ag_gemm's defaults") + kSizeDoc).c_str());
+  c.def("gemm_rs_defaults", &comm::gemm_rs_defaults, py::arg("size"),
+        (std::string("gemm_rs's defaults") + kSizeDoc).c_str());
+  c.def("gemm_rs_ring_defaults", &comm::gemm_rs_ring_defaults, py::arg("size"),
+        (std::string("gemm_rs_ring's defaults") + kSizeDoc).c_str());
+  c.def("gemm_rs_default", &comm::gemm_rs_default, py::arg("size"),
+        (std::string("The GEMM -> RS that runs where none is chosen") + kSizeDoc).c_str());
+  c.def("bulk_rs_defaults", &comm::bulk_rs_defaults, py::arg("size"),
+        (std::string("reduce_scatter_beside_gemm's defaults") + kSizeDoc).c_str());
+}
+
+// `value`, or the default when it is None.
+template <typename T>
+T or_default(const std::optional<T>& value, T fallback) {
+  return value.has_value() ? *value : fallback;
 }
 
 }  // namespace
 
 void register_comm_ops(py::module_& m) {
   py::module_ c = m.def_submodule("comm_ops", "Comm-GEMM overlap ops (use overlap.ops).");
+  register_tuning(c);
   // The one per-tensor scale slot of a gathered FP8 shard (NOTE [ag_gemm layout]): the
   // buffer managers' layout (overlap/buffers/layout.py) takes it from here.
   c.attr("SCALE_SLOT_BYTES") = comm::kScaleSlotBytes;
@@ -175,30 +269,42 @@ void register_comm_ops(py::module_& m) {
             w.options.bias_dtype = biasr->dtype;
           }
         }
-        py::gil_scoped_release release;
-        comm::OverlapConfig c = config(compute_lanes, 0, staggered_puts, pieces);
+        comm::AgGemmConfig c;
+        c.compute_lanes = compute_lanes;
+        c.staggered_puts = staggered_puts;
         c.pull_shards = pull_shards;
+        c.pieces = pieces;
         c.keep_gathered = keep_gathered;
+        py::gil_scoped_release release;
         comm::run_op(buf, [&] { comm::ag_gemm(buf, ao, weights, c, stream_from_py(stream)); });
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
       py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv"),
       py::arg("bias"), py::arg("gelu") = false, py::arg("alpha") = 1.0f,
-      py::arg("fast_accum") = false, py::arg("sm_count") = 0, py::arg("compute_lanes") = 1,
-      py::arg("staggered_puts") = false, py::arg("pieces") = 1, py::arg("pull_shards") = false,
-      py::arg("keep_gathered") = true, py::arg("stream") = 0,
+      py::arg("fast_accum") = false, py::arg("sm_count") = 0,
+      py::arg("compute_lanes") = comm::AgGemmConfig{}.compute_lanes,
+      py::arg("staggered_puts") = comm::AgGemmConfig{}.staggered_puts,
+      py::arg("pieces") = comm::AgGemmConfig{}.pieces,
+      py::arg("pull_shards") = comm::AgGemmConfig{}.pull_shards,
+      py::arg("keep_gathered") = comm::AgGemmConfig{}.keep_gathered, py::arg("stream") = 0,
       "out[w] = AllGather(a) @ op(b[w]) for every weight w, one gather (b, out, b_scale_inv, "
       "bias: lists of one entry per weight); see csrc/comm/overlap/overlap_ops.h.");
   c.def(
       "gemm_rs",
       [](SymmetricBuffer& buf, py::handle a, py::handle b, py::handle out, bool transb,
          py::handle a_scale_inv, py::handle b_scale_inv, py::handle out_scale, py::handle out_amax,
-         py::handle out_scale_inv, float alpha, bool fast_accum, int sm_count, int compute_lanes,
-         int reduce_max_blocks, const std::string& method, int ring_subchunks, int pieces,
-         bool pull_shards, std::uintptr_t stream) {
+         py::handle out_scale_inv, float alpha, bool fast_accum, int sm_count,
+         comm::RsMethod method, std::optional<int> compute_lanes,
+         std::optional<int> reduce_max_blocks, std::optional<int> ring_subchunks,
+         std::optional<int> pieces, std::optional<bool> pull_shards, std::uintptr_t stream) {
         constexpr const char* kOp = "gemm_rs";
-        OVERLAP_CHECK(method == "pipelined" || method == "ring", kConfig,
-                      kOp << ": method must be 'pipelined' or 'ring', got '" << method << "'");
+        const bool ring = method == comm::RsMethod::kRing;
+        OVERLAP_CHECK(ring || (!ring_subchunks && !pull_shards), kConfig,
+                      kOp << ": ring_subchunks and pull_shards are the ring method's (the "
+                             "pipelined method always pulls)");
+        OVERLAP_CHECK(!ring || !pieces, kConfig,
+                      kOp << ": pieces are the pipelined method's; the ring pipelines its hops "
+                             "with ring_subchunks");
         const auto [ao, bo] = operands(buf, a, a_scale_inv, b, b_scale_inv, transb, kOp);
         const TensorRef outr = tensor_ref_from_py(out, "output");
         gemm::GemmOutput d = output(buf, outr, kOp);
@@ -211,24 +317,37 @@ void register_comm_ops(py::module_& m) {
         o.alpha = alpha;
         o.fast_accum = fast_accum;
         o.sm_count = sm_count;
-        comm::OverlapConfig c = config(compute_lanes, reduce_max_blocks, false, pieces);
-        c.ring_subchunks = ring_subchunks;
-        c.pull_shards = pull_shards;
-        py::gil_scoped_release release;
-        comm::run_op(buf, [&] {
-          (method == "ring" ? comm::gemm_rs_ring : comm::gemm_rs)(buf, ao, bo, d, scale_inv, o, c,
-                                                                  stream_from_py(stream));
-        });
+        const cudaStream_t s = stream_from_py(stream);
+        if (ring) {
+          const comm::GemmRsRingConfig d0;
+          comm::GemmRsRingConfig c;
+          c.compute_lanes = or_default(compute_lanes, d0.compute_lanes);
+          c.reduce_max_blocks = or_default(reduce_max_blocks, d0.reduce_max_blocks);
+          c.ring_subchunks = or_default(ring_subchunks, d0.ring_subchunks);
+          c.pull_shards = or_default(pull_shards, d0.pull_shards);
+          py::gil_scoped_release release;
+          comm::run_op(buf, [&] { comm::gemm_rs_ring(buf, ao, bo, d, scale_inv, o, c, s); });
+        } else {
+          const comm::GemmRsConfig d0;
+          comm::GemmRsConfig c;
+          c.compute_lanes = or_default(compute_lanes, d0.compute_lanes);
+          c.reduce_max_blocks = or_default(reduce_max_blocks, d0.reduce_max_blocks);
+          c.pieces = or_default(pieces, d0.pieces);
+          py::gil_scoped_release release;
+          comm::run_op(buf, [&] { comm::gemm_rs(buf, ao, bo, d, scale_inv, o, c, s); });
+        }
       },
       py::arg("buffer"), py::arg("a"), py::arg("b"), py::arg("out"), py::kw_only(),
       py::arg("transb"), py::arg("a_scale_inv") = py::none(), py::arg("b_scale_inv") = py::none(),
       py::arg("out_scale") = py::none(), py::arg("out_amax") = py::none(),
       py::arg("out_scale_inv") = py::none(), py::arg("alpha") = 1.0f, py::arg("fast_accum") = false,
-      py::arg("sm_count") = 0, py::arg("compute_lanes") = 1, py::arg("reduce_max_blocks") = 0,
-      py::arg("method") = "pipelined", py::arg("ring_subchunks") = 2, py::arg("pieces") = 1,
-      py::arg("pull_shards") = false, py::arg("stream") = 0,
-      "out = ReduceScatter(a @ op(b)), pipelined (in pieces) or ring; see "
-      "csrc/comm/overlap/overlap_ops.h.");
+      py::arg("sm_count") = 0, py::arg("method") = comm::GemmRsDefault{}.method,
+      py::arg("compute_lanes") = py::none(), py::arg("reduce_max_blocks") = py::none(),
+      py::arg("ring_subchunks") = py::none(), py::arg("pieces") = py::none(),
+      py::arg("pull_shards") = py::none(), py::arg("stream") = 0,
+      "out = ReduceScatter(a @ op(b)), pipelined (in pieces) or ring (RsMethod); a tuning knob "
+      "left None takes the method's default (GemmRsConfig, GemmRsRingConfig), one of the other "
+      "method is refused; see csrc/comm/overlap/overlap_ops.h.");
 }
 
 // ---- bulk overlap ops (comm/overlap/bulk.cpp) ------------------------------------------------
@@ -309,15 +428,6 @@ void register_comm_bulk_ops(py::module_& m) {
       },
       py::arg("size"), py::arg("partial_bytes"), "(slot_bytes, bytes) of NOTE [bulk_rs layout].");
   c.def(
-      "bulk_rs_defaults",
-      [](int size) {
-        const comm::BulkConfig d = comm::bulk_rs_defaults(size);
-        return py::make_tuple(d.reduce_max_blocks, d.gemm_sm_margin, d.pieces);
-      },
-      py::arg("size"),
-      "(reduce_max_blocks, gemm_sm_margin, pieces) of a bulk reduce-scatter on `size` ranks "
-      "(<= 0: any size); NOTE [bulk_rs defaults].");
-  c.def(
       "all_gather_beside_gemm",
       [](SymmetricBuffer& buf, py::handle shard, const py::dict& gemm, py::handle shard_scale_inv,
          std::uintptr_t stream) {
@@ -333,9 +443,7 @@ void register_comm_bulk_ops(py::module_& m) {
                           kOp << ": an FP8 shard needs its scale_inv, other shards take none");
         const comm::SideGemm g = side_gemm(buf, gemm, kOp);
         py::gil_scoped_release release;
-        comm::run_op(buf, [&] {
-          comm::all_gather_beside_gemm(buf, s, g, comm::BulkConfig{}, stream_from_py(stream));
-        });
+        comm::run_op(buf, [&] { comm::all_gather_beside_gemm(buf, s, g, stream_from_py(stream)); });
       },
       py::arg("buffer"), py::arg("shard"), py::arg("gemm"), py::kw_only(),
       py::arg("shard_scale_inv") = py::none(), py::arg("stream") = 0,
@@ -361,7 +469,7 @@ void register_comm_bulk_ops(py::module_& m) {
                              "out_scale_inv");
         o.amax = scalar(buf, optional_tensor_ref_from_py(out_amax, "out_amax"), kOp, "out_amax");
         const comm::SideGemm g = side_gemm(buf, gemm, kOp);
-        comm::BulkConfig config;
+        comm::BulkRsConfig config;
         config.reduce_max_blocks = reduce_max_blocks;
         config.gemm_sm_margin = gemm_sm_margin;
         config.pieces = pieces;
@@ -373,9 +481,9 @@ void register_comm_bulk_ops(py::module_& m) {
       py::arg("buffer"), py::arg("input"), py::arg("out"), py::arg("gemm"), py::kw_only(),
       py::arg("out_scale") = py::none(), py::arg("out_scale_inv") = py::none(),
       py::arg("out_amax") = py::none(),
-      py::arg("reduce_max_blocks") = comm::BulkConfig{}.reduce_max_blocks,
-      py::arg("gemm_sm_margin") = comm::BulkConfig{}.gemm_sm_margin,
-      py::arg("pieces") = comm::BulkConfig{}.pieces, py::arg("stream") = 0,
+      py::arg("reduce_max_blocks") = comm::BulkRsConfig{}.reduce_max_blocks,
+      py::arg("gemm_sm_margin") = comm::BulkRsConfig{}.gemm_sm_margin,
+      py::arg("pieces") = comm::BulkRsConfig{}.pieces, py::arg("stream") = 0,
       "out = this rank's rows of ReduceScatter(input) while the GEMM described by `gemm` runs; "
       "see csrc/comm/overlap/overlap_ops.h.");
 }

@@ -17,24 +17,6 @@ namespace overlap::bindings {
 
 namespace {
 
-// The `value` strings of overlap.quantization.ScalingMode, plus "none".
-gemm::ScalingMode scaling_from_py(const std::string& name, const char* what) {
-  static const std::pair<const char*, gemm::ScalingMode> kModes[] = {
-      {"none", gemm::ScalingMode::kNone},
-      {"tensor", gemm::ScalingMode::kTensor},
-      {"block_1x128", gemm::ScalingMode::kBlock1x128},
-      {"block_128x128", gemm::ScalingMode::kBlock128x128},
-      {"mxfp8_rowwise", gemm::ScalingMode::kMxfp8},
-      {"mxfp8_columnwise", gemm::ScalingMode::kMxfp8},
-  };
-  for (const auto& [n, mode] : kModes) {
-    if (name == n) return mode;
-  }
-  OVERLAP_THROW(kInvalidArgument, "gemm: " << what << " '" << name
-                                           << "' is not a scaling mode (none, tensor, "
-                                              "block_1x128, block_128x128, mxfp8_*)");
-}
-
 const char* tune_status_name(gemm::TuneStatus status) {
   switch (status) {
     case gemm::TuneStatus::kCached:
@@ -59,11 +41,22 @@ py::dict autotune_to_py(const gemm::AutotuneConfig& c) {
 
 void register_gemm(py::module_& m) {
   py::module_ g = m.def_submodule("gemm", "Row-major GEMM: cuBLASLt on CUDA, reference on CPU.");
+  // The bounds of the autotuning configuration (gemm.h); overlap.gemm validates against these.
+  g.attr("MAX_AUTOTUNE_CANDIDATES") = gemm::kMaxAutotuneCandidates;
+  g.attr("MAX_AUTOTUNE_ROUNDS") = gemm::kMaxAutotuneRounds;
+  // How an operand's scale_inv maps onto its data (gemm.h): overlap.dtypes.ScalingMode crosses
+  // the binding as one of these (both MXFP8 directions as MXFP8, which the GEMM refuses).
+  py::enum_<gemm::ScalingMode>(g, "ScalingMode", "An operand's scaling (csrc/gemm/gemm.h).")
+      .value("NONE", gemm::ScalingMode::kNone)
+      .value("TENSOR", gemm::ScalingMode::kTensor)
+      .value("BLOCK_1X128", gemm::ScalingMode::kBlock1x128)
+      .value("BLOCK_128X128", gemm::ScalingMode::kBlock128x128)
+      .value("MXFP8", gemm::ScalingMode::kMxfp8);
   g.def(
       "gemm",
       [](py::handle a, py::handle b, py::handle out, bool transa, bool transb,
-         py::handle a_scale_inv, py::handle b_scale_inv, const std::string& a_scaling,
-         const std::string& b_scaling, float alpha, float beta, py::handle bias, bool gelu,
+         py::handle a_scale_inv, py::handle b_scale_inv, gemm::ScalingMode a_scaling,
+         gemm::ScalingMode b_scaling, float alpha, float beta, py::handle bias, bool gelu,
          py::handle out_scale, py::handle out_amax, bool fast_accum, int sm_count,
          std::int64_t row_offset, std::uintptr_t stream, int tune_candidates,
          int tune_rounds) -> py::object {
@@ -78,8 +71,8 @@ void register_gemm(py::module_& m) {
         gemm::GemmTensorOptions o;
         o.transa = transa;
         o.transb = transb;
-        o.a_scaling = scaling_from_py(a_scaling, "a_scaling");
-        o.b_scaling = scaling_from_py(b_scaling, "b_scaling");
+        o.a_scaling = a_scaling;
+        o.b_scaling = b_scaling;
         o.row_offset = row_offset;
         o.options.alpha = alpha;
         o.options.beta = beta;
@@ -111,12 +104,12 @@ void register_gemm(py::module_& m) {
       },
       py::arg("a"), py::arg("b"), py::arg("out"), py::arg("transa") = false,
       py::arg("transb") = false, py::arg("a_scale_inv") = py::none(),
-      py::arg("b_scale_inv") = py::none(), py::arg("a_scaling") = "none",
-      py::arg("b_scaling") = "none", py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
-      py::arg("bias") = py::none(), py::arg("gelu") = false, py::arg("out_scale") = py::none(),
-      py::arg("out_amax") = py::none(), py::arg("fast_accum") = false, py::arg("sm_count") = 0,
-      py::arg("row_offset") = 0, py::arg("stream") = 0, py::arg("tune_candidates") = 0,
-      py::arg("tune_rounds") = 0,
+      py::arg("b_scale_inv") = py::none(), py::arg("a_scaling") = gemm::ScalingMode::kNone,
+      py::arg("b_scaling") = gemm::ScalingMode::kNone, py::arg("alpha") = 1.0f,
+      py::arg("beta") = 0.0f, py::arg("bias") = py::none(), py::arg("gelu") = false,
+      py::arg("out_scale") = py::none(), py::arg("out_amax") = py::none(),
+      py::arg("fast_accum") = false, py::arg("sm_count") = 0, py::arg("row_offset") = 0,
+      py::arg("stream") = 0, py::arg("tune_candidates") = 0, py::arg("tune_rounds") = 0,
       "out[row_offset:row_offset+m] = epilogue(alpha op(a) @ op(b) + beta out + bias); see "
       "csrc/gemm/gemm.h. tune_candidates > 0: tune the key first with that many candidates and "
       "tune_rounds rounds, whatever the process-wide setting, and return what tuning did (a "

@@ -14,10 +14,10 @@ gathered tensors out, never letting a saved activation alias a buffer (docs/desi
 from overlap.buffers.aliasing import AliasPolicy, aliases_buffer, detach_from_buffer, saveable
 from overlap.buffers.helpers import gather_activation, gather_for_wgrad
 from overlap.buffers.layout import (
-    ALIGNMENT,
     GatherLayout,
     PartKind,
     PartLayout,
+    alignment,
     gather_layout,
     gathered_directions,
 )
@@ -33,6 +33,7 @@ __all__ = [
     "PartKind",
     "PartLayout",
     "aliases_buffer",
+    "alignment",
     "detach_from_buffer",
     "gather_activation",
     "gather_for_wgrad",
@@ -41,3 +42,10 @@ __all__ = [
     "required_nbytes",
     "saveable",
 ]
+
+
+def __getattr__(name: str) -> int:
+    # ALIGNMENT: the runtime's slot alignment (overlap.buffers.layout.alignment), read lazily.
+    if name == "ALIGNMENT":
+        return alignment()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

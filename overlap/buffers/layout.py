@@ -40,19 +40,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from overlap.dtypes import ScalingMode
 from overlap.errors import InvalidArgumentError
 from overlap.quantization.formats import DirectionFormat
-from overlap.quantization.ops import ScalingMode
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "ALIGNMENT",
     "FormatPair",
     "GatherLayout",
     "PartKind",
     "PartLayout",
+    "alignment",
     "check_gatherable",
     "derived_after_gather",
     "gather_layout",
@@ -60,7 +60,24 @@ __all__ = [
     "scale_slot_bytes",
 ]
 
-ALIGNMENT = 256  #: byte alignment of every region (and of the buffer's start)
+
+def alignment() -> int:
+    """Byte alignment of every region (and of the buffer's start): the runtime's slot
+    alignment (``SLOT_ALIGNMENT`` of the native module, ``kSlotAlignment`` in
+    ``csrc/comm/overlap/overlap_ops.h``), so that a manager's layout and an overlap op's agree
+    (NOTE [one scale slot]). Also importable as ``ALIGNMENT``, read on first use."""
+    from overlap._native import native
+
+    return int(native().comm_ops.SLOT_ALIGNMENT)
+
+
+def __getattr__(name: str) -> int:
+    # ALIGNMENT: the native module's, loaded lazily (the extension may not be built when
+    # this module is imported).
+    if name == "ALIGNMENT":
+        return alignment()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 FormatPair = tuple[DirectionFormat, DirectionFormat]
 
@@ -96,7 +113,7 @@ class PartLayout:
         dtype: element type of the stored part (FP8 dtype, float32 / uint8 scales, or the
             high-precision / plain dtype).
         slot_shape: shape of one rank's part.
-        offset: byte offset of the region (a multiple of :data:`ALIGNMENT`).
+        offset: byte offset of the region (a multiple of :func:`alignment`).
         slot_nbytes: bytes of one slot; slot ``k`` starts at ``offset + k * slot_nbytes``.
         tp_size: number of slots.
     """
@@ -229,7 +246,8 @@ def scale_slot_bytes() -> int:
 
 
 def _align(n: int) -> int:
-    return -(-n // ALIGNMENT) * ALIGNMENT
+    a = alignment()
+    return -(-n // a) * a
 
 
 def _scale_dtype(fmt: DirectionFormat) -> torch.dtype:

@@ -59,9 +59,9 @@ from overlap.buffers.layout import (
     gather_layout,
     gathered_directions,
 )
+from overlap.dtypes import ScalingMode
 from overlap.errors import InvalidArgumentError, StateError
 from overlap.quantization.formats import DirectionFormat
-from overlap.quantization.ops import ScalingMode
 from overlap.quantization.quantizers import HighPrecisionQuantizer, Quantizer
 from overlap.quantization.tensor import QuantizedTensor, QuantizedTensorMeta
 

@@ -49,7 +49,7 @@ __all__ = ["ColumnParallelLinear", "ParallelLinearBase", "RowParallelLinear"]
 
 _GEMM_RS = (OverlapMethod.PIPELINE_RS, OverlapMethod.RING_RS)
 # Methods whose buffer holds shards of the operand's own dtype (FP8 or not, NOTE [ub buffer
-# sharing] in overlap/ub.py): the layer must run in the precision they were built for.
+# sharing] in overlap/ub/handle.py): the layer must run in the precision they were built for.
 _GATHERING = (OverlapMethod.RING_AG, OverlapMethod.BULK_AG)
 
 

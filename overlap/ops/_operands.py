@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Union
 
+from overlap._native import native
+from overlap.dtypes import ScalingMode, is_fp8, is_high_precision
 from overlap.errors import InvalidArgumentError, UnsupportedHardwareError
-from overlap.quantization import QuantizedTensor, ScalingMode
+from overlap.quantization import QuantizedTensor
 
 if TYPE_CHECKING:
     import torch
@@ -15,13 +17,31 @@ if TYPE_CHECKING:
 # A bfloat16/float16/float32 tensor, or a QuantizedTensor with rowwise per-tensor FP8 data.
 Operand = Union["torch.Tensor", QuantizedTensor]
 
-HIGH_PRECISION = ("torch.bfloat16", "torch.float16", "torch.float32")
-MAX_PIECES = 4  # kMaxPieces in csrc/comm/overlap/overlap_ops.h
-FP8 = ("torch.float8_e4m3fn", "torch.float8_e5m2")
+__all__ = [
+    "Operand",
+    "check_count",
+    "check_flag",
+    "check_given_buffer",
+    "check_lanes",
+    "check_op_dtype",
+    "check_pieces",
+    "check_sizes",
+    "gemm_kwargs",
+    "is_fp8",
+    "op_device",
+    "prepare",
+    "split_operand",
+    "travels_as",
+    "tuning",
+    "weight_transposed",
+]
 
 
-def is_fp8(dtype: torch.dtype) -> bool:
-    return str(dtype) in FP8
+def tuning() -> object:
+    """The native module's tuning limits and defaults (NOTE [overlap defaults] in
+    ``csrc/comm/overlap/overlap_ops.h``): ``MAX_PIECES``, ``MAX_COMPUTE_LANES``,
+    ``ag_gemm_defaults(size)``... The ops read every default and limit from it."""
+    return native().comm_ops
 
 
 def travels_as(dtype: torch.dtype, op_dtype: torch.dtype) -> bool:
@@ -68,7 +88,7 @@ def split_operand(op: str, name: str, x: object) -> tuple[torch.Tensor, torch.Te
                 f"{op}: {name} is a bare FP8 tensor; pass a QuantizedTensor so that its "
                 "scale_inv travels with it"
             )
-        if str(x.dtype) not in HIGH_PRECISION:
+        if not is_high_precision(x.dtype):
             raise InvalidArgumentError(
                 f"{op}: {name} must be bfloat16, float16 or float32, got {x.dtype}"
             )
@@ -111,23 +131,57 @@ def op_device(comm: object) -> torch.device:
     return torch.device("cpu") if device < 0 else torch.device("cuda", device)
 
 
-def check_sizes(op: str, tp: int, max_tokens: int, features: tuple[str, int], lanes: int) -> None:
-    """Constructor arguments of an op object."""
+def check_count(op: str, name: str, value: object, lo: int, hi: int | None = None) -> int:
+    """An int argument (not a bool, not a float) in ``lo..hi``, as an int."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        allowed = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise InvalidArgumentError(f"{op}: {name} must be {allowed}, got {value!r}")
+    return int(value)
+
+
+def check_flag(op: str, name: str, value: object) -> bool:
+    """A bool argument."""
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{op}: {name} must be True or False, got {value!r}")
+    return value
+
+
+def check_op_dtype(op: str, name: str, dtype: object, *, fp8: bool) -> None:
+    """An op's dtype argument: a torch dtype, bfloat16/float16/float32 (or FP8 where ``fp8``)."""
+    import torch
+
+    ok = isinstance(dtype, torch.dtype) and (is_high_precision(dtype) or (fp8 and is_fp8(dtype)))
+    if not ok:
+        allowed = "bfloat16, float16, float32" + (" or FP8" if fp8 else "")
+        raise InvalidArgumentError(f"{op}: {name} must be a torch dtype ({allowed}), got {dtype!r}")
+
+
+def check_sizes(op: str, tp: int, max_tokens: object, features: tuple[str, object]) -> None:
+    """Constructor arguments of an op object: ints, ``max_tokens`` >= the TP size."""
     name, value = features
-    if max_tokens < tp or value < 1:
+    for what, v in (("max_tokens", max_tokens), (name, value)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InvalidArgumentError(f"{op}: {what} must be an int, got {v!r}")
+    if max_tokens < tp or value < 1:  # type: ignore[operator]
         raise InvalidArgumentError(
             f"{op}: max_tokens ({max_tokens}) must be >= the TP size ({tp}) and {name} "
             f"({value}) >= 1"
         )
-    if not 1 <= lanes <= 4:
-        raise InvalidArgumentError(f"{op}: compute_lanes must be 1..4, got {lanes}")
+
+
+def check_lanes(op: str, lanes: object) -> int:
+    """The ``compute_lanes`` argument of an op object (1..the core's bound)."""
+    return check_count(op, "compute_lanes", lanes, 1, tuning().MAX_COMPUTE_LANES)
 
 
 def check_pieces(op: str, pieces: object) -> int:
     """The ``pieces`` argument of an op object (NOTE [ag_gemm pieces], NOTE [gemm_rs pieces])."""
-    if isinstance(pieces, bool) or pieces not in range(1, MAX_PIECES + 1):
-        raise InvalidArgumentError(f"{op}: pieces must be 1..{MAX_PIECES}, got {pieces!r}")
-    return int(pieces)  # type: ignore[arg-type]
+    return check_count(op, "pieces", pieces, 1, tuning().MAX_PIECES)
 
 
 def check_given_buffer(op: str, buffer: SymmetricBuffer, tp: int, nbytes: int) -> None:

@@ -24,7 +24,10 @@ from overlap.errors import InvalidArgumentError, StateError
 from overlap.ops._gathered import CallRecord, GatherState, gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     Operand,
+    check_flag,
     check_given_buffer,
+    check_lanes,
+    check_op_dtype,
     check_pair,
     check_pieces,
     check_sizes,
@@ -33,6 +36,7 @@ from overlap.ops._operands import (
     op_device,
     split_operand,
     travels_as,
+    tuning,
     weight_transposed,
 )
 from overlap.quantization import QuantizedTensor
@@ -58,29 +62,33 @@ class AllGatherGemm:
         in_features: ``K``, the shard's columns.
         dtype: the dtype the shard travels in: bfloat16/float16/float32, or an FP8 dtype for
             per-tensor FP8 shards (given as :class:`~overlap.quantization.QuantizedTensor`).
-        compute_lanes: streams the chunk GEMMs alternate over (1-4); with 2, a chunk's GEMM
-            starts as soon as it has landed, even while the previous chunk's GEMM runs.
-        staggered_puts: push the shard to one peer after the other (the default) instead of
-            to all at once: the first peer chunk lands sooner (NOTE [ag_gemm schedule]). Same
-            result. On 4xH200 at TP = 4 all at once was up to 1.55x slower where the gather
-            takes about as long as the GEMM (qkv: 0.785 vs 0.506 ms, bf16, M = 8192) and within
-            noise elsewhere; with TP = 2 (one peer) both are the same.
-        pieces: pieces each peer's shard travels and is multiplied in, 1..4 (NOTE [ag_gemm
-            pieces]): a piece's GEMM starts once it has landed, so where the gather takes
-            about as long as the GEMM the op ends sooner; smaller GEMMs are less efficient, so
-            GEMM-bound shapes want 1 (the default). Every rank must use the same value. Same
+        compute_lanes: streams the chunk GEMMs alternate over (1 to the core's
+            ``MAX_COMPUTE_LANES``); with 2, a chunk's GEMM starts as soon as it has landed, even
+            while the previous chunk's GEMM runs.
+        staggered_puts: push the shard to one peer after the other instead of to all at once:
+            the first peer chunk lands sooner (NOTE [ag_gemm schedule]). Same result. Where
+            the gather takes about as long as the GEMM, all at once was much slower; with TP = 2
+            (one peer) both are the same (docs/performance-log.md [ag_gemm op defaults]).
+        pieces: pieces each peer's shard travels and is multiplied in (1 to ``MAX_PIECES``;
+            NOTE [ag_gemm pieces]): a piece's GEMM starts once it has landed, so where the
+            gather takes about as long as the GEMM the op ends sooner; smaller GEMMs are less
+            efficient, so GEMM-bound shapes want 1. Every rank must use the same value. Same
             result.
         pull_shards: each rank copies its shard into its own slot of the buffer and the peers
             pull it (NOTE [ag_gemm pulls]): the ranks meet twice in one-block handshake
             kernels on the caller's stream (before the copy, and once every shard and FP8
             scale_inv is in place), then one copy-engine lane pulls the peers' shards, rank
             r+1's first, each chunk's GEMMs following its pull; ``staggered_puts`` and
-            ``put_split`` do not apply. On 4xH200 (2026-11-22) 1-7% slower than the pushes on
-            every AG row of the suite at TP = 4 and up to 10% at TP = 2 (qkv FP8, TP = 4,
-            M = 8192: 0.278 against 0.269 ms).
-            Every rank must use the same value (a collective mismatch otherwise). Same result.
+            ``put_split`` do not apply. A few percent slower than the pushes on the AG rows of
+            the suite (docs/performance-log.md [ag_gemm op defaults]). Every rank must use the
+            same value (a collective mismatch otherwise). Same result.
         keep_gathered: the calls' default for their ``keep_gathered`` (whether the whole
             gathered input stays in the buffer for :meth:`gathered_input`).
+
+        A tuning argument left ``None`` takes the op's default at any TP size, defined in the
+        C++ core (``AgGemmConfig`` in ``csrc/comm/overlap/overlap_ops.h``, NOTE [overlap
+        defaults]; :func:`~overlap.initialize_ub` takes its TP size's, NOTE [ub tp 2]): 2
+        compute lanes, staggered pushes, one piece, no pulls, the gathered input not kept.
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
             least :meth:`buffer_bytes` bytes; see NOTE [shared op buffers]).
@@ -111,25 +119,35 @@ class AllGatherGemm:
         in_features: int,
         dtype: torch.dtype,
         *,
-        compute_lanes: int = 2,
-        staggered_puts: bool = True,
-        pieces: int = 1,
-        pull_shards: bool = False,
-        keep_gathered: bool = False,
+        compute_lanes: int | None = None,
+        staggered_puts: bool | None = None,
+        pieces: int | None = None,
+        pull_shards: bool | None = None,
+        keep_gathered: bool | None = None,
         name: str = "ag_gemm",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
         tp = comm.group.size
-        check_sizes(_OP, tp, max_tokens, ("in_features", in_features), compute_lanes)
+        check_sizes(_OP, tp, max_tokens, ("in_features", in_features))
+        check_op_dtype(_OP, "dtype", dtype, fp8=True)
+        d = tuning().ag_gemm_defaults(0)  # the op's defaults at any size (NOTE [ub tp 2])
         self.tp = tp
         self.max_tokens = int(max_tokens)
         self.in_features = int(in_features)
         self.dtype = dtype
-        self.compute_lanes = int(compute_lanes)
-        self.staggered_puts = bool(staggered_puts)
-        self.pieces = check_pieces(_OP, pieces)
-        self.pull_shards = bool(pull_shards)
-        self.keep_gathered = bool(keep_gathered)
+        self.compute_lanes = check_lanes(
+            _OP, d.compute_lanes if compute_lanes is None else compute_lanes
+        )
+        self.staggered_puts = check_flag(
+            _OP, "staggered_puts", d.staggered_puts if staggered_puts is None else staggered_puts
+        )
+        self.pieces = check_pieces(_OP, d.pieces if pieces is None else pieces)
+        self.pull_shards = check_flag(
+            _OP, "pull_shards", d.pull_shards if pull_shards is None else pull_shards
+        )
+        self.keep_gathered = check_flag(
+            _OP, "keep_gathered", d.keep_gathered if keep_gathered is None else keep_gathered
+        )
         self.device = op_device(comm)
         nbytes = self.buffer_bytes(tp, self.max_tokens, self.in_features, dtype)
         self._owns_buffer = buffer is None
@@ -182,7 +200,7 @@ class AllGatherGemm:
             sm_count: SMs the chunk GEMMs plan for (0 = all).
             keep_gathered: also leave the whole gathered input ``[tp * m, K]`` in the buffer
                 for :meth:`gathered_input` (e.g. for a wgrad that does not re-gather; None:
-                the op's ``keep_gathered``, False unless given). It costs this rank's shard
+                the op's ``keep_gathered``). It costs this rank's shard
                 copied into its own slot beside the pushes, which share the copy engines with
                 it: up to 8% of the op where the gather is about as long as the GEMM (NOTE
                 [ag_gemm own slot]). With ``pull_shards`` the buffer always holds it. Each

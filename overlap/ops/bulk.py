@@ -35,15 +35,18 @@ from overlap._native import native
 from overlap.errors import InvalidArgumentError
 from overlap.ops._gathered import CallRecord, GatherState, gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
-    HIGH_PRECISION,
     Operand,
+    check_count,
     check_given_buffer,
+    check_op_dtype,
     check_pieces,
+    check_sizes,
     is_fp8,
     op_device,
     split_operand,
     stream_of,
     travels_as,
+    tuning,
 )
 from overlap.quantization import QuantizedTensor
 
@@ -67,17 +70,17 @@ _RS = "bulk_reduce_scatter"
 def bulk_rs_defaults(tp: int | None) -> tuple[int, int]:
     """``(gemm_sm_margin, pieces)`` of a :class:`ReduceScatterBesideGemm` on ``tp`` ranks
     (``None``: any TP size): 8 SMs, with 4 pieces at TP 2 and 2 at other sizes. The values
-    and their measurements live in the C++ core (NOTE [bulk_rs defaults] in
-    ``csrc/comm/overlap/bulk.cpp``), the one source the binding's defaults read too.
+    and their measurements live in the C++ core (``BulkRsConfig``, NOTE [bulk_rs defaults]
+    in ``csrc/comm/overlap/defaults.cpp``), the one source the binding's defaults read too.
     """
-    _, margin, pieces = native().comm_ops.bulk_rs_defaults(0 if tp is None else int(tp))
-    return int(margin), int(pieces)
+    d = tuning().bulk_rs_defaults(0 if tp is None else int(tp))
+    return int(d.gemm_sm_margin), int(d.pieces)
 
 
 def bulk_rs_max_blocks() -> int:
     """The default bound on a :class:`ReduceScatterBesideGemm`'s reduction grid at any TP
     size: 64 blocks of 256 threads, 16 SMs' worth (NOTE [bulk_rs defaults])."""
-    return int(native().comm_ops.bulk_rs_defaults(0)[0])
+    return int(tuning().bulk_rs_defaults(0).reduce_max_blocks)
 
 
 def _gemm_operand(
@@ -176,14 +179,6 @@ def side_gemm(
     }
 
 
-def _check_sizes(op: str, tp: int, max_tokens: int, features: int) -> None:
-    if max_tokens < tp or features < 1:
-        raise InvalidArgumentError(
-            f"{op}: max_tokens ({max_tokens}) must be >= the TP size ({tp}) and the feature "
-            f"count ({features}) >= 1"
-        )
-
-
 class AllGatherBesideGemm:
     """Gather a sequence-parallel shard while an unrelated GEMM runs.
 
@@ -221,11 +216,8 @@ class AllGatherBesideGemm:
         buffer: SymmetricBuffer | None = None,
     ) -> None:
         tp = comm.group.size
-        _check_sizes(_AG, tp, max_tokens, in_features)
-        if str(dtype) not in HIGH_PRECISION and not is_fp8(dtype):
-            raise InvalidArgumentError(
-                f"{_AG}: dtype must be bfloat16, float16, float32 or FP8, got {dtype}"
-            )
+        check_sizes(_AG, tp, max_tokens, ("in_features", in_features))
+        check_op_dtype(_AG, "dtype", dtype, fp8=True)
         self.tp = tp
         self.max_tokens = int(max_tokens)
         self.in_features = int(in_features)
@@ -341,19 +333,22 @@ class ReduceScatterBesideGemm:
         dtype: the partial sums' dtype (bfloat16/float16/float32); the output is this dtype or
             FP8 (chosen per call).
         reduce_max_blocks: bound on the reduction kernel's grid on cuda (256-thread blocks, 4
-            per SM: 64 fills 16 SMs where free; 0 fills the GPU; ``None``: 64, NOTE [bulk_rs
-            defaults]).
+            per SM: 64 fills 16 SMs where free; 0 fills the GPU).
         gemm_sm_margin: SMs the side GEMM leaves free for the reduction when the call gives no
-            ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU; ``None``: 8,
-            NOTE [bulk_rs defaults] in :func:`bulk_rs_defaults`).
-        pieces: pieces the partial sums travel and are reduced in, 1..4 (NOTE [bulk_rs
-            pieces] in ``bulk.cpp``): each piece is summed as soon as it has landed, beside the
-            later pushes, instead of the whole output after the last byte, so the reduction
-            needs fewer of the GEMM's SMs at a time (``None``: 4 at TP 2, else 2). Every rank
+            ``sm_count`` (cuda; 0: the GEMM plans for the whole GPU).
+        pieces: pieces the partial sums travel and are reduced in (1 to the core's
+            ``MAX_PIECES``; NOTE [bulk_rs pieces] in ``bulk.cpp``): each piece is summed as
+            soon as it has landed, beside the later pushes, instead of the whole output after
+            the last byte, so the reduction needs fewer of the GEMM's SMs at a time. Every rank
             must pass the same value.
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on (at least
             :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in :mod:`overlap.ops.ag_gemm`).
+
+    A tuning argument left ``None`` takes the op's default at its group's TP size, defined in
+    the C++ core (``BulkRsConfig``, NOTE [bulk_rs defaults] in
+    ``csrc/comm/overlap/defaults.cpp``; :func:`bulk_rs_defaults`): a grid of 64 blocks, 8 SMs
+    left free, 4 pieces at TP 2 and 2 at other sizes.
 
     Construction is COLLECTIVE; :meth:`destroy` frees the buffer the object created.
     """
@@ -380,29 +375,23 @@ class ReduceScatterBesideGemm:
         buffer: SymmetricBuffer | None = None,
     ) -> None:
         tp = comm.group.size
-        _check_sizes(_RS, tp, max_tokens, features)
-        if str(dtype) not in HIGH_PRECISION:
-            raise InvalidArgumentError(
-                f"{_RS}: dtype (of the partial sums) must be bfloat16, float16 or float32, got "
-                f"{dtype}"
-            )
-        default_margin, default_pieces = bulk_rs_defaults(tp)
-        if reduce_max_blocks is None:
-            reduce_max_blocks = bulk_rs_max_blocks()
-        gemm_sm_margin = default_margin if gemm_sm_margin is None else gemm_sm_margin
-        pieces = default_pieces if pieces is None else pieces
-        if reduce_max_blocks < 0 or gemm_sm_margin < 0:
-            raise InvalidArgumentError(
-                f"{_RS}: reduce_max_blocks ({reduce_max_blocks}) and gemm_sm_margin "
-                f"({gemm_sm_margin}) must be >= 0"
-            )
+        check_sizes(_RS, tp, max_tokens, ("features", features))
+        check_op_dtype(_RS, "dtype (of the partial sums)", dtype, fp8=False)
+        d = tuning().bulk_rs_defaults(tp)  # its group's size (NOTE [bulk_rs defaults])
         self.tp = tp
         self.max_tokens = int(max_tokens)
         self.features = int(features)
         self.dtype = dtype
-        self.reduce_max_blocks = int(reduce_max_blocks)
-        self.gemm_sm_margin = int(gemm_sm_margin)
-        self.pieces = check_pieces(_RS, pieces)
+        self.reduce_max_blocks = check_count(
+            _RS,
+            "reduce_max_blocks",
+            d.reduce_max_blocks if reduce_max_blocks is None else reduce_max_blocks,
+            0,
+        )
+        self.gemm_sm_margin = check_count(
+            _RS, "gemm_sm_margin", d.gemm_sm_margin if gemm_sm_margin is None else gemm_sm_margin, 0
+        )
+        self.pieces = check_pieces(_RS, d.pieces if pieces is None else pieces)
         self.device = op_device(comm)
         nbytes = self.buffer_bytes(tp, self.max_tokens, self.features, dtype)
         self._owns_buffer = buffer is None

@@ -34,15 +34,19 @@ from typing import TYPE_CHECKING
 from overlap._native import native
 from overlap.errors import InvalidArgumentError
 from overlap.ops._operands import (
-    HIGH_PRECISION,
     Operand,
+    check_count,
+    check_flag,
     check_given_buffer,
+    check_lanes,
+    check_op_dtype,
     check_pieces,
     check_sizes,
     gemm_kwargs,
     is_fp8,
     op_device,
     prepare,
+    tuning,
     weight_transposed,
 )
 
@@ -55,18 +59,30 @@ __all__ = ["GemmReduceScatter", "RsMethod", "partial_dtype"]
 
 _OP = "gemm_rs"
 
-MAX_RING_SUBCHUNKS = 4  # kMaxRingSubchunks in csrc/comm/overlap/overlap_ops.h
-
 
 class RsMethod(str, enum.Enum):
-    """How :class:`GemmReduceScatter` moves and sums the partial sums."""
+    """How :class:`GemmReduceScatter` moves and sums the partial sums (the core's
+    ``RsMethod``, which crosses the binding as its enum, member for member)."""
 
     PIPELINED = "pipelined"  # chunks pulled by their rank, summed by one reduction kernel
     RING = "ring"  # running sums travel the ring, summed by the GEMMs' beta = 1 epilogue
 
+    @property
+    def native(self) -> object:
+        """The binding's ``RsMethod`` member of the same name."""
+        return getattr(tuning().RsMethod, self.name)
 
-def rs_method(value: RsMethod | str) -> RsMethod:
-    """``value`` as an :class:`RsMethod` (its value string is accepted)."""
+    @classmethod
+    def of_native(cls, value: object) -> RsMethod:
+        """The member of a binding ``RsMethod`` value."""
+        return cls[value.name]  # type: ignore[attr-defined]
+
+
+def rs_method(value: RsMethod | str | None) -> RsMethod:
+    """``value`` as an :class:`RsMethod` (its value string is accepted; None: the default
+    method of any TP size, ``gemm_rs_default(0)`` of the core)."""
+    if value is None:
+        return RsMethod.of_native(tuning().gemm_rs_default(0).method)
     try:
         return RsMethod(value)
     except ValueError:
@@ -91,25 +107,31 @@ class GemmReduceScatter:
         out_features: ``N``.
         out_dtype: bfloat16/float16/float32, or an FP8 dtype (the sum is cast with a scale
             given at the call; partial sums travel in bfloat16).
-        compute_lanes: streams the chunk GEMMs alternate over (1-4; 1 finishes each chunk,
-            and thus each transfer, earliest).
+        compute_lanes: streams the chunk GEMMs alternate over (1 to the core's
+            ``MAX_COMPUTE_LANES``; 1 finishes each chunk, and thus each transfer, earliest).
         reduce_max_blocks: bound on the reduction kernel's grid (0: fill the GPU; the ring
             method's FP8 cast only).
-        method: ``"pipelined"`` (default) or ``"ring"`` (:class:`RsMethod`).
-        ring_subchunks: ``"ring"`` only: sub-chunks each hop is pipelined in, 1..4 (NOTE
-            [gemm_rs_ring schedule]; 2: a chunk's transfer hides behind a GEMM as long as
-            it is no slower than that GEMM).
-        pieces: ``"pipelined"`` only: rounds the chunks are computed, pulled and summed in,
-            1..4 (NOTE [gemm_rs pieces]): the pulls start sooner and the reductions of all but
-            the last round run beside the GEMMs, for GEMMs 1/pieces as tall. 1, the default,
-            was the fastest on 4xH200 (NVSwitch) for every shape measured; more pieces are
-            meant for links that a single peer's pull cannot fill.
+        method: ``"pipelined"`` or ``"ring"`` (:class:`RsMethod`).
+        ring_subchunks: ``"ring"`` only: sub-chunks each hop is pipelined in (1 to
+            ``MAX_RING_SUBCHUNKS``; NOTE [gemm_rs_ring schedule]; 2: a chunk's transfer hides
+            behind a GEMM as long as it is no slower than that GEMM).
+        pieces: ``"pipelined"`` only: rounds the chunks are computed, pulled and summed in (1
+            to ``MAX_PIECES``; NOTE [gemm_rs pieces]): the pulls start sooner and the
+            reductions of all but the last round run beside the GEMMs, for GEMMs 1/pieces as
+            tall. One piece was the fastest on NVSwitch for every shape measured; more pieces
+            are meant for links that a single peer's pull cannot fill (docs/performance-log.md
+            [gemm_rs op defaults]).
         pull_shards: ``"ring"`` only: each rank leaves its running sums in its own buffer
             and the next rank pulls them (NOTE [gemm_rs_ring pulls]), instead of pushing them
-            to it. On 2xH200 this was the fastest method on 6 to 9 of the 12 TP 2 GEMM+RS
-            rows of the benchmark suite in four runs, the FP8 rows with the smallest GEMMs
-            among them every time (e.g. FP8 ``[8192, 4096] x [4096, 4096]``: 0.243 -> 0.221
-            ms); default False. The pipelined method always pulls.
+            to it: the fastest method on most TP 2 GEMM+RS rows of the suite, the FP8 rows
+            with the smallest GEMMs among them (docs/performance-log.md [gemm_rs op
+            defaults]). The pipelined method always pulls.
+
+        A tuning argument left ``None`` takes the op's default, defined in the C++ core
+        (``GemmRsConfig`` / ``GemmRsRingConfig`` / ``GemmRsDefault`` in
+        ``csrc/comm/overlap/overlap_ops.h``, NOTE [overlap defaults]): the pipelined method, one
+        compute lane, the reduction filling the GPU, one piece; the ring in 2 sub-chunks,
+        pushed.
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
             least :meth:`buffer_bytes` bytes; NOTE [shared op buffers] in
@@ -125,7 +147,7 @@ class GemmReduceScatter:
         max_tokens: int,
         out_features: int,
         out_dtype: torch.dtype,
-        method: RsMethod | str = RsMethod.PIPELINED,
+        method: RsMethod | str | None = None,
     ) -> int:
         """Bytes per rank of the buffer an op of these arguments needs (the ring method needs
         half of what the pipelined one does)."""
@@ -146,48 +168,57 @@ class GemmReduceScatter:
         out_features: int,
         out_dtype: torch.dtype,
         *,
-        compute_lanes: int = 1,
-        reduce_max_blocks: int = 0,
-        method: RsMethod | str = RsMethod.PIPELINED,
-        ring_subchunks: int = 2,
-        pieces: int = 1,
-        pull_shards: bool = False,
+        compute_lanes: int | None = None,
+        reduce_max_blocks: int | None = None,
+        method: RsMethod | str | None = None,
+        ring_subchunks: int | None = None,
+        pieces: int | None = None,
+        pull_shards: bool | None = None,
         name: str = "gemm_rs",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
         tp = comm.group.size
-        check_sizes(_OP, tp, max_tokens, ("out_features", out_features), compute_lanes)
+        check_sizes(_OP, tp, max_tokens, ("out_features", out_features))
         self.method = rs_method(method)
-        if isinstance(ring_subchunks, bool) or ring_subchunks not in range(
-            1, MAX_RING_SUBCHUNKS + 1
-        ):
-            raise InvalidArgumentError(
-                f"{_OP}: ring_subchunks must be 1..{MAX_RING_SUBCHUNKS}, got {ring_subchunks!r}"
-            )
-        self.ring_subchunks = int(ring_subchunks)
-        self.pieces = check_pieces(_OP, pieces)
-        if self.pieces != 1 and self.method is RsMethod.RING:
+        ring = self.method is RsMethod.RING
+        t = tuning()
+        # The op's defaults at any size; the method's own apply (NOTE [overlap defaults]).
+        d = t.gemm_rs_ring_defaults(0) if ring else t.gemm_rs_defaults(0)
+        ring_d = t.gemm_rs_ring_defaults(0)
+        self.ring_subchunks = check_count(
+            _OP,
+            "ring_subchunks",
+            ring_d.ring_subchunks if ring_subchunks is None else ring_subchunks,
+            1,
+            t.MAX_RING_SUBCHUNKS,
+        )
+        if pieces is not None and ring and check_pieces(_OP, pieces) != 1:
             raise InvalidArgumentError(
                 f"{_OP}: pieces apply to the pipelined method; the ring method pipelines its "
                 f"hops with ring_subchunks (got pieces={pieces})"
             )
-        if not isinstance(pull_shards, bool):
-            raise InvalidArgumentError(f"{_OP}: pull_shards must be True or False")
-        if pull_shards and self.method is not RsMethod.RING:
+        self.pieces = check_pieces(_OP, t.gemm_rs_defaults(0).pieces if pieces is None else pieces)
+        self.pull_shards = check_flag(
+            _OP, "pull_shards", ring_d.pull_shards if pull_shards is None else pull_shards
+        )
+        if self.pull_shards and not ring:
             raise InvalidArgumentError(
                 f"{_OP}: pull_shards applies to the ring method (the pipelined method always pulls)"
             )
-        self.pull_shards = pull_shards
-        if str(out_dtype) not in HIGH_PRECISION and not is_fp8(out_dtype):
-            raise InvalidArgumentError(
-                f"{_OP}: out_dtype must be bfloat16, float16, float32 or FP8, got {out_dtype}"
-            )
+        check_op_dtype(_OP, "out_dtype", out_dtype, fp8=True)
         self.tp = tp
         self.max_tokens = int(max_tokens)
         self.out_features = int(out_features)
         self.out_dtype = out_dtype
-        self.compute_lanes = int(compute_lanes)
-        self.reduce_max_blocks = int(reduce_max_blocks)
+        self.compute_lanes = check_lanes(
+            _OP, d.compute_lanes if compute_lanes is None else compute_lanes
+        )
+        self.reduce_max_blocks = check_count(
+            _OP,
+            "reduce_max_blocks",
+            d.reduce_max_blocks if reduce_max_blocks is None else reduce_max_blocks,
+            0,
+        )
         self.device = op_device(comm)
         nbytes = self.buffer_bytes(tp, self.max_tokens, self.out_features, out_dtype, self.method)
         self._owns_buffer = buffer is None
@@ -274,10 +305,8 @@ class GemmReduceScatter:
             out_amax=out_amax,
             out_scale_inv=out_scale_inv,
             reduce_max_blocks=self.reduce_max_blocks,
-            method=self.method.value,
-            ring_subchunks=self.ring_subchunks,
-            pieces=self.pieces,
-            pull_shards=self.pull_shards,
+            method=self.method.native,
+            **self._method_knobs(),
             **gemm_kwargs(
                 a,
                 (a_scale_inv, b_scale_inv),
@@ -290,6 +319,13 @@ class GemmReduceScatter:
             ),
         )
         return out
+
+    def _method_knobs(self) -> dict[str, object]:
+        """The method's own tuning, as the native call takes it (the other method's knobs are
+        refused there)."""
+        if self.method is RsMethod.RING:
+            return {"ring_subchunks": self.ring_subchunks, "pull_shards": self.pull_shards}
+        return {"pieces": self.pieces}
 
     def destroy(self) -> None:
         """Free the buffer if the op created it (not a ``buffer=`` given to it). Idempotent;

@@ -1,7 +1,7 @@
 """Formats of quantized data, one per direction (rowwise / columnwise).
 
 A :class:`DirectionFormat` says how one direction of a quantized tensor is stored: its
-:class:`~overlap.quantization.ops.ScalingMode` (or ``None`` for high-precision data that is
+:class:`~overlap.dtypes.ScalingMode` (or ``None`` for high-precision data that is
 not quantized at all) and its FP8 encoding (:class:`Fp8Format`). Rowwise and columnwise may
 use different formats (docs/design.md §3, invariant 5).
 
@@ -29,8 +29,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from overlap.dtypes import ScalingMode
 from overlap.errors import ConfigError
-from overlap.quantization.ops import ScalingMode
 
 if TYPE_CHECKING:
     import torch

@@ -24,10 +24,10 @@ Conventions (the C++ headers in ``csrc/kernels`` give the details):
 
 from __future__ import annotations
 
-import enum
 from typing import TYPE_CHECKING, NamedTuple
 
 from overlap._native import native
+from overlap.dtypes import BLOCK_EDGE, MX_BLOCK, ScalingMode
 from overlap.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlockScaledFP8",
-    "ScalingMode",
+    "ScalingMode",  # overlap.dtypes's, re-exported
     "amax",
     "cast_to_fp8",
     "cast_transpose",
@@ -47,29 +47,8 @@ __all__ = [
     "reduce_partials",
 ]
 
-_BLOCK = 128  # block edge of the 1x128 / 128x128 formats
-_MX_BLOCK = 32  # block length of MXFP8
-
-
-class ScalingMode(enum.Enum):
-    """How a quantized tensor's ``scale_inv`` maps onto its data (see :func:`dequantize`)."""
-
-    TENSOR = "tensor"  #: one float32 scale_inv for the whole tensor
-    BLOCK_1X128 = "block_1x128"  #: float32 per 1x128 block, [rows, ceil(cols/128)]
-    BLOCK_128X128 = "block_128x128"  #: float32 per 128x128 tile
-    MXFP8_ROWWISE = "mxfp8_rowwise"  #: E8M0 byte per 1x32 block, [rows, cols/32]
-    MXFP8_COLUMNWISE = "mxfp8_columnwise"  #: E8M0 byte per 32x1 block, [rows/32, cols]
-
-    @property
-    def block_shape(self) -> tuple[int, int] | None:
-        """``(block_rows, block_cols)`` of the data, or None for per-tensor scaling."""
-        return {
-            ScalingMode.TENSOR: None,
-            ScalingMode.BLOCK_1X128: (1, _BLOCK),
-            ScalingMode.BLOCK_128X128: (_BLOCK, _BLOCK),
-            ScalingMode.MXFP8_ROWWISE: (1, _MX_BLOCK),
-            ScalingMode.MXFP8_COLUMNWISE: (_MX_BLOCK, 1),
-        }[self]
+_BLOCK = BLOCK_EDGE
+_MX_BLOCK = MX_BLOCK
 
 
 class BlockScaledFP8(NamedTuple):

@@ -36,11 +36,12 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from overlap.dtypes import ScalingMode
 from overlap.errors import ConfigError, InvalidArgumentError
 from overlap.quantization import ops
 from overlap.quantization.amax_reduction import AmaxReducer, as_amax_reducer
 from overlap.quantization.formats import DirectionFormat, Fp8Format
-from overlap.quantization.ops import BlockScaledFP8, ScalingMode
+from overlap.quantization.ops import BlockScaledFP8
 from overlap.quantization.tensor import QuantizedTensor, QuantizedTensorMeta
 
 if TYPE_CHECKING:

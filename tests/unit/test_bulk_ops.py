@@ -214,11 +214,12 @@ def test_reduce_scatter_rejections_leave_the_op_usable(comm: Communicator) -> No
         ReduceScatterBesideGemm(comm, 32, 40, torch.bfloat16, gemm_sm_margin=-1)
     assert (rs.gemm_sm_margin, rs.pieces) == bulk_rs_defaults(1) == (8, 2)
     assert bulk_rs_defaults(2) == (8, 4) and bulk_rs_defaults(4) == bulk_rs_defaults(None) == (8, 2)
-    # One source (NOTE [bulk_rs defaults]): the core's BulkConfig, which the binding's keyword
-    # defaults and the Python op both read.
+    # One source (NOTE [bulk_rs defaults]): the core's BulkRsConfig, which the binding's keyword
+    # defaults and the Python op both read (tests/unit/test_defaults.py checks every op).
     assert rs.reduce_max_blocks == bulk_rs_max_blocks() == 64
-    assert native().comm_ops.bulk_rs_defaults(0) == (64, 8, 2)
-    assert native().comm_ops.bulk_rs_defaults(2) == (64, 8, 4)
+    d = native().comm_ops.bulk_rs_defaults(0)
+    assert (d.reduce_max_blocks, d.gemm_sm_margin, d.pieces) == (64, 8, 2)
+    assert native().comm_ops.bulk_rs_defaults(2).pieces == 4
     signature = native().comm_ops.reduce_scatter_beside_gemm.__doc__.splitlines()[0]
     for arg, value in zip(
         ("reduce_max_blocks", "gemm_sm_margin", "pieces"), (64, 8, 2), strict=True

@@ -24,7 +24,7 @@ RANKS = {
     "quantization": 2,
     "comm": 1,
 }
-BASE = {"_native", "_logging", "_version", "errors", "env", "launch", "info", "_C"}
+BASE = {"_native", "_logging", "_version", "errors", "env", "launch", "info", "dtypes", "_C"}
 
 
 def _modules() -> dict[str, Path]:
@@ -123,3 +123,10 @@ def test_rank_table_knows_every_part() -> None:
     parts = {_part(m) for m in _modules()}
     unknown = parts - set(RANKS) - BASE - {"overlap"}
     assert not unknown, f"new parts of the package need a rank in RANKS: {sorted(unknown)}"
+
+
+def test_gemm_does_not_import_quantization() -> None:
+    # The GEMM and the quantization share ScalingMode and the FP8 dtype facts through the base
+    # module overlap.dtypes, so that neither imports the other for them (docs/design.md §1.2).
+    deps = _imports(MODULES["overlap.gemm"], "overlap.gemm")
+    assert not {d for d in deps if _part(d) == "quantization"}, deps

@@ -164,6 +164,73 @@ def test_rejections_are_typed_and_leave_the_op_usable(comm: Communicator) -> Non
         ring(x, w)
 
 
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (
+            lambda c: AllGatherGemm(c, 32.0, 64, torch.bfloat16),
+            "max_tokens must be an int, got 32.0",
+        ),
+        (lambda c: AllGatherGemm(c, "32", 64, torch.bfloat16), "max_tokens must be an int"),
+        (lambda c: AllGatherGemm(c, 32, 64, "bfloat16"), r"dtype must be a torch dtype"),
+        (lambda c: AllGatherGemm(c, 32, 64, torch.bfloat16, compute_lanes=1.5), "1..4, got 1.5"),
+        (lambda c: AllGatherGemm(c, 32, 64, torch.bfloat16, staggered_puts=1), "True or False"),
+        (lambda c: GemmReduceScatter(c, 32, 16.5, torch.bfloat16), "out_features must be an int"),
+        (lambda c: GemmReduceScatter(c, 32, 16, torch.bfloat16, pieces=2.0), "pieces must be"),
+        (
+            lambda c: GemmReduceScatter(c, 32, 16, torch.bfloat16, reduce_max_blocks=-1),
+            "reduce_max_blocks must be >= 0",
+        ),
+        (lambda c: GemmReduceScatter(c, 32, 16, torch.bfloat16, method="ring", pieces=2), "pieces"),
+        (lambda c: GemmReduceScatter(c, 32, 16, torch.bfloat16, pull_shards=True), "ring method"),
+    ],
+)
+def test_constructor_arguments_are_typed(comm: Communicator, make: object, match: str) -> None:
+    # A string, a float or a bool where an int or a dtype belongs is an InvalidArgumentError
+    # naming it, never a bare TypeError / AttributeError or a silent truncation.
+    with pytest.raises(InvalidArgumentError, match=match):
+        make(comm)  # type: ignore[operator]
+
+
+def test_the_rs_method_crosses_the_binding_as_an_enum(comm: Communicator) -> None:
+    ops = native().comm_ops
+    assert RsMethod.RING.native == ops.RsMethod.RING
+    assert RsMethod.of_native(ops.RsMethod.PIPELINED) is RsMethod.PIPELINED
+    assert [m.name for m in RsMethod] == list(ops.RsMethod.__members__)
+    rs = GemmReduceScatter(comm, 32, 16, torch.bfloat16)
+    x, w = rand(32, 8), rand(16, 8)
+    with pytest.raises(TypeError):  # a string is no RsMethod
+        ops.gemm_rs(
+            rs.buffer._core,
+            x,
+            w,
+            torch.empty(32, 16, dtype=torch.bfloat16),
+            transb=True,
+            method="ring",
+        )
+    with pytest.raises(ConfigError, match="pieces are the pipelined method's"):
+        ops.gemm_rs(
+            rs.buffer._core,
+            x,
+            w,
+            torch.empty(32, 16, dtype=torch.bfloat16),
+            transb=True,
+            method=ops.RsMethod.RING,
+            pieces=2,
+        )
+    with pytest.raises(ConfigError, match="ring_subchunks and pull_shards are the ring"):
+        ops.gemm_rs(
+            rs.buffer._core,
+            x,
+            w,
+            torch.empty(32, 16, dtype=torch.bfloat16),
+            transb=True,
+            pull_shards=True,
+        )
+    assert torch.equal(rs(x, w), gemm(x, w, transb=True))  # still usable
+    rs.destroy()
+
+
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_several_weights_share_one_gather(comm: Communicator, fp8: bool) -> None:
     x = rand(21, 64, seed=11)

@@ -24,8 +24,14 @@ from overlap.ops import (  # noqa: E402
 )
 from overlap.ub import (  # noqa: E402
     GEMM_NAMES,
+    BulkAgConfig,
+    BulkRsConfig,
     GemmOverlapConfig,
+    NoOverlapConfig,
     OverlapMethod,
+    PipelineRsConfig,
+    RingAgConfig,
+    RingRsConfig,
     UbConfig,
     Userbuffers,
     default_method,
@@ -72,16 +78,23 @@ def test_default_methods() -> None:
     cfg = UbConfig(tokens=8, hidden=4)
     assert {n: c.method for n, c in cfg.gemms.items()} == DEFAULTS
     assert cfg.dtype == "bfloat16" and cfg.fp8_dtype == "float8_e4m3fn"
-    assert cfg.gemms["qkv_fprop"].lanes == 2 and cfg.gemms["proj_fprop"].lanes == 1
-    assert cfg.gemms["qkv_wgrad"].max_blocks == 64 and cfg.gemms["proj_fprop"].max_blocks == 0
-    assert cfg.gemms["qkv_wgrad"].sm_margin == 8 and cfg.gemms["qkv_wgrad"].piece_count == 2
-    # NOTE [bulk_rs defaults]: filled in for the TP size (4 pieces at TP 2, else 2).
+    # One config per method, every knob concrete (the core's defaults at any TP size).
+    types = {type(c) for c in cfg.gemms.values()}
+    assert types == {RingAgConfig, BulkAgConfig, BulkRsConfig, PipelineRsConfig, NoOverlapConfig}
+    assert (
+        cfg.gemms["qkv_fprop"] == RingAgConfig() and cfg.gemms["proj_fprop"] == PipelineRsConfig()
+    )
+    assert cfg.gemms["qkv_fprop"].compute_lanes == 2 and cfg.gemms["proj_fprop"].compute_lanes == 1
+    wgrad, proj = cfg.gemms["qkv_wgrad"], cfg.gemms["proj_fprop"]
+    assert wgrad.reduce_max_blocks == 64 and proj.reduce_max_blocks == 0
+    assert wgrad.gemm_sm_margin == 8 and wgrad.pieces == 2
+    # NOTE [bulk_rs defaults]: chosen for the TP size (4 pieces at TP 2, else 2).
     for tp, want in ((2, (8, 4)), (4, (8, 2))):
         wgrad = UbConfig(tokens=8, hidden=4, tp=tp).gemms["fc1_wgrad"]
-        assert (wgrad.gemm_sm_margin, wgrad.pieces) == want == (wgrad.sm_margin, wgrad.piece_count)
+        assert (wgrad.gemm_sm_margin, wgrad.pieces) == want
     given = UbConfig(8, 4, tp=2, gemms={"fc1_wgrad": GemmOverlapConfig(pieces=3)})
     assert (given.gemms["fc1_wgrad"].gemm_sm_margin, given.gemms["fc1_wgrad"].pieces) == (8, 3)
-    assert cfg.gemms["qkv_fprop"].piece_count == 1 == cfg.gemms["proj_fprop"].piece_count
+    assert cfg.gemms["qkv_fprop"].pieces == 1 == cfg.gemms["proj_fprop"].pieces
 
 
 def test_tp2_defaults_to_the_ring_with_pulls() -> None:
@@ -92,28 +105,36 @@ def test_tp2_defaults_to_the_ring_with_pulls() -> None:
     assert all(default_method(n, 2) == DEFAULTS[n] for n in GEMM_NAMES if n not in rs_names)
     cfg = UbConfig(tokens=8, hidden=4, tp=2)
     proj, fc2 = cfg.gemms["proj_fprop"], cfg.gemms["fc2_fprop"]
-    assert proj == fc2 == GemmOverlapConfig(M.RING_RS, pull_shards=True)
-    assert proj.pulls and proj.settings == "subchunks=2 pull" and proj.lanes == 1
-    assert not UbConfig(tokens=8, hidden=4, tp=4).gemms["proj_fprop"].pulls
+    assert proj == fc2 == RingRsConfig(pull_shards=True)
+    assert proj.settings == "subchunks=2 pull" and proj.compute_lanes == 1
+    assert UbConfig(tokens=8, hidden=4, tp=4).gemms["proj_fprop"] == PipelineRsConfig()
     # AG+GEMMs on one compute lane at TP 2 (given lanes stay), two elsewhere
     ag_names = [n for n, c in cfg.gemms.items() if c.method is M.RING_AG]
     assert ag_names == ["qkv_fprop", "proj_dgrad", "fc1_fprop", "fc2_dgrad"]
-    assert all(cfg.gemms[n].compute_lanes == 1 == cfg.gemms[n].lanes for n in ag_names)
+    assert all(cfg.gemms[n].compute_lanes == 1 for n in ag_names)
     for tp in (None, 4):
-        assert all(UbConfig(8, 4, tp=tp).gemms[n].lanes == 2 for n in ag_names)
+        assert all(UbConfig(8, 4, tp=tp).gemms[n].compute_lanes == 2 for n in ag_names)
     two = UbConfig(8, 4, tp=2, gemms={"qkv_fprop": GemmOverlapConfig(compute_lanes=2)})
-    assert two.gemms["qkv_fprop"].lanes == 2 and two.gemms["fc1_fprop"].lanes == 1
+    assert two.gemms["qkv_fprop"].compute_lanes == 2 and two.gemms["fc1_fprop"].compute_lanes == 1
+    # A config made for any TP size runs with the group's defaults, its methods kept.
+    any_tp = UbConfig(8, 4).for_tp(2)
+    assert any_tp.gemms["qkv_fprop"].compute_lanes == 1 and any_tp.tp == 2
+    assert any_tp.gemms["proj_fprop"] == PipelineRsConfig()
+    assert any_tp.gemms["fc1_wgrad"].pieces == 4 and UbConfig(8, 4, tp=4).for_tp(2).tp == 4
     # Given settings stay: an explicit method, or pushes on the default ring.
     given = {
         "proj_fprop": GemmOverlapConfig(M.PIPELINE_RS),
         "fc2_fprop": GemmOverlapConfig(pull_shards=False, fp8=True),
     }
     cfg = UbConfig(tokens=8, hidden=4, tp=2, gemms=given)
-    assert cfg.gemms["proj_fprop"] == GemmOverlapConfig(M.PIPELINE_RS)
-    assert cfg.gemms["fc2_fprop"] == GemmOverlapConfig(M.RING_RS, pull_shards=False, fp8=True)
+    assert cfg.gemms["proj_fprop"] == PipelineRsConfig()
+    assert cfg.gemms["fc2_fprop"] == RingRsConfig(pull_shards=False, fp8=True)
+    # A ring that is asked for keeps its own defaults (pushes): only the core's choice pulls.
+    asked = UbConfig(8, 4, tp=2, gemms={"proj_fprop": GemmOverlapConfig(M.RING_RS)})
+    assert asked.gemms["proj_fprop"] == RingRsConfig() and not RingRsConfig().pull_shards
     # The TE-dict path: an entry without a method gets the TP 2 default as well.
     te = UbConfig.from_te_dict({"proj_fprop": {"fp8_buf": True}}, tokens=8, hidden=4, tp=2)
-    assert te.gemms["proj_fprop"] == GemmOverlapConfig(M.RING_RS, pull_shards=True, fp8=True)
+    assert te.gemms["proj_fprop"] == RingRsConfig(pull_shards=True, fp8=True)
 
 
 def test_which_ag_gemms_keep_their_gathered_input() -> None:
@@ -127,7 +148,7 @@ def test_which_ag_gemms_keep_their_gathered_input() -> None:
         "fc1_fprop": False,
         "fc2_dgrad": True,
     }
-    assert cfg.gemms["qkv_dgrad"].keep_gathered is None  # not an AG+GEMM
+    assert not hasattr(cfg.gemms["qkv_dgrad"], "keep_gathered")  # not an AG+GEMM
     assert cfg.gemms["fc2_dgrad"].settings == "pieces=1 staggered keep_gathered"
     pipelined = UbConfig(8, 4, gemms={"fc1_dgrad": GemmOverlapConfig(M.PIPELINE_RS)})
     assert pipelined.gemms["fc1_fprop"].keep_gathered is True
@@ -224,7 +245,7 @@ def test_te_dict_conversion() -> None:
         "fc2_dgrad": {},
     }
     cfg = UbConfig.from_te_dict(te, tokens=8, hidden=4)
-    want = GemmOverlapConfig(M.RING_AG, fp8=True, keep_gathered=False)  # qkv_dgrad: bulk
+    want = RingAgConfig(fp8=True, keep_gathered=False)  # qkv_dgrad: bulk
     assert cfg.gemms["qkv_fprop"] == want
     assert cfg.gemms["proj_fprop"].method is M.PIPELINE_RS
     assert cfg.gemms["qkv_dgrad"].method is M.BULK_AG
@@ -246,6 +267,96 @@ def test_te_dict_warns_for_keys_without_equivalent() -> None:
         )
     assert cfg.gemms["qkv_fprop"].method is M.RING_AG
     assert cfg.gemms["fc2_fprop"].method is M.RING_RS  # the ring-exchange GEMM+RS
+
+
+def _te_default_entry(name: str, tp: int) -> dict[str, object]:
+    """An entry as TransformerEngine's initialize_ub fills it in by default (its
+    get_default_config), stream priorities included."""
+    methods = {
+        "ring_exchange": ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad"),
+        "pipeline": ("proj_fprop", "fc2_fprop"),
+        "bulk": ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"),
+        "external": ("proj_wgrad", "fc2_wgrad"),
+    }
+    method = next(m for m, names in methods.items() if name in names)
+    ring = method == "ring_exchange"
+    return {
+        "method": method,
+        "is_reduce_scatter": name in ("proj_fprop", "fc2_fprop", "qkv_wgrad", "fc1_wgrad"),
+        "num_sm": 1 if ring else 16,
+        "cga_size": 1 if ring else 2,
+        "set_sm_margin": not ring,
+        "num_splits": tp if ring else 4,
+        "aggregate": False,
+        "atomic_gemm": False,
+        "use_ce": True,
+        "fp8_buf": name in ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "fc1_fprop", "fc1_dgrad"),
+        "comm_priority": -5,
+        "gemm_priority": 0,
+        "pipeline_rs_overlap_first_gemm": False,
+    }
+
+
+def test_te_default_entries_convert_as_they_are() -> None:
+    # A TE user's whole default ub_cfgs converts: its methods are ours (external -> NONE, the
+    # wgrad reading the dgrad's kept dY), is_reduce_scatter agrees with them, and the SM and
+    # stream knobs are warned about once.
+    te = {name: _te_default_entry(name, 4) for name in GEMM_NAMES}
+    with pytest.warns(UserWarning, match=r"not applied: .*'comm_priority', 'gemm_priority'"):
+        cfg = UbConfig.from_te_dict(te, tokens=8, hidden=4, tp=4)
+    assert {n: c.method for n, c in cfg.gemms.items()} == DEFAULTS
+    assert cfg.gemms["qkv_fprop"].fp8 and not cfg.gemms["proj_fprop"].fp8
+    assert cfg.gemms["proj_wgrad"] == NoOverlapConfig()
+
+
+@pytest.mark.parametrize(
+    ("te", "match"),
+    [
+        ({"qkv_fprop": {"is_reduce_scatter": True}}, r"True contradicts the method 'ring_ag'"),
+        (
+            {"proj_fprop": {"method": "pipeline", "is_reduce_scatter": False}},
+            r"False contradicts the method 'pipeline_rs', which reduce-scatters",
+        ),
+        ({"qkv_wgrad": {"method": "bulk", "is_reduce_scatter": 1}}, "must be True or False"),
+        ({"qkv_fprop": {"atomic_gemm": "no"}}, r"atomic_gemm: 'no' must be True or False"),
+        ({"qkv_wgrad": {"method": "external"}}, r"'external' is not one of \['bulk'\]"),
+        ({"proj_wgrad": {"method": "ring_exchange"}}, r"is not one of \['bulk', 'external'\]"),
+    ],
+)
+def test_te_dict_checks_types_and_is_reduce_scatter(te: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        UbConfig.from_te_dict(te, tokens=8, hidden=4)  # type: ignore[arg-type]
+
+
+def test_method_configs_are_concrete_and_validated() -> None:
+    # Defaults: the core's at any TP size; at_tp() takes a TP size's own.
+    assert RingAgConfig().compute_lanes == 2 and RingAgConfig.at_tp(2).compute_lanes == 1
+    assert RingAgConfig.at_tp(2, compute_lanes=3).compute_lanes == 3
+    assert BulkRsConfig.at_tp(2).pieces == 4 and BulkRsConfig().pieces == 2
+    assert RingRsConfig.knobs() == (
+        "compute_lanes",
+        "reduce_max_blocks",
+        "ring_subchunks",
+        "pull_shards",
+    )
+    with pytest.raises(ConfigError, match=r"RingAgConfig.compute_lanes: 5 is not an int in 1\.\.4"):
+        RingAgConfig(compute_lanes=5)
+    with pytest.raises(ConfigError, match=r"RingRsConfig.pull_shards: None must be True or False"):
+        RingRsConfig(pull_shards=None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"BulkRsConfig.fp8: 1 must be True or False"):
+        BulkRsConfig(fp8=1)  # type: ignore[arg-type]
+    # A per-method entry is taken as it is, at any TP size; its method counts for the others.
+    given = {"fc1_dgrad": PipelineRsConfig(pieces=2), "qkv_fprop": RingAgConfig(pieces=3)}
+    cfg = UbConfig(8, 4, tp=2, gemms=given)
+    assert cfg.gemms["fc1_dgrad"] == PipelineRsConfig(pieces=2)
+    assert cfg.gemms["fc1_wgrad"] == NoOverlapConfig()  # NOTE [ub bulk]
+    assert cfg.gemms["qkv_fprop"].compute_lanes == 2  # given: the any-size default stays
+    assert cfg.gemms["fc1_fprop"].keep_gathered  # its dgrad does not re-gather
+    with pytest.raises(ConfigError, match=r"'ring_ag' does not fit"):
+        UbConfig(8, 4, gemms={"proj_fprop": RingAgConfig()})
+    # The knobs of other methods are ignored by the resolution.
+    loose = GemmOverlapConfig(M.PIPELINE_RS, ring_subchunks=3, pull_shards=True, fp8=True)
+    assert loose.resolve(M.PIPELINE_RS, 4) == PipelineRsConfig(fp8=True)
 
 
 @pytest.mark.parametrize(

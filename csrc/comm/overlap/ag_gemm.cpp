@@ -138,7 +138,7 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // Measured: docs/performance-log.md [ag_gemm pulls].
 void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                     const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
-                    const Pieces& pc, const OverlapConfig& config, std::uint64_t arg,
+                    const Pieces& pc, const AgGemmConfig& config, std::uint64_t arg,
                     cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
@@ -242,19 +242,20 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 // for chunk j's flag before its first GEMM of that chunk.
 void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, const gemm::GemmOptions& options,
-             const OverlapConfig& config, cudaStream_t stream) {
+             const AgGemmConfig& config, cudaStream_t stream) {
   ag_gemm(buf, a_shard, std::vector<AgGemmWeight>{AgGemmWeight{b, d, options}}, config, stream);
 }
 
 void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
-             const std::vector<AgGemmWeight>& weights, const OverlapConfig& config,
+             const std::vector<AgGemmWeight>& weights, const AgGemmConfig& config,
              cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
   Transport& t = buf.transport();
   // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
   OVERLAP_CHECK_ARG(!weights.empty(), kOp << ": no weight given");
-  detail::check_op(buf, config, a_shard, weights[0].b, kOp);
+  detail::check_op(buf, config.compute_lanes, a_shard, weights[0].b, kOp);
+  detail::check_pieces(config.pieces, kOp);
   OVERLAP_CHECK_ARG(!a_shard.transposed && a_shard.rows >= 1 && a_shard.ld == a_shard.cols,
                     kOp << ": the input shard must be a contiguous [m, k] matrix with m >= 1 (got "
                         << a_shard.rows << " x " << a_shard.cols << ", ld " << a_shard.ld
@@ -304,7 +305,7 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   // the shard itself). Beside the pushes: a local copy, which would otherwise end the op after
   // the last push. It is not free there: it shares the copy engines with the pushes, up to 8%
   // of the op on the qkv FP8 rows (docs/performance-log.md [ag_gemm own slot]). Hence
-  // config.keep_gathered (the Python op's keep_gathered=False by default).
+  // config.keep_gathered (false by default, NOTE [overlap defaults]).
   if (config.keep_gathered) {
     char* const own = buf.data(r);
     t.put(own + r * l.shard_bytes, a_shard.data, l.shard_bytes, stream, own_lane);

@@ -189,7 +189,7 @@ void put_to_peer(SymmetricBuffer& buf, std::uint64_t epoch, int peer, char* dst,
 // the all-gather takes no SM from the GEMM. The layout is ag_gemm's (NOTE [ag_gemm layout]):
 // a buffer filled here reads like one filled by ag_gemm.
 void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, const SideGemm& g,
-                            const BulkConfig& config, cudaStream_t stream) {
+                            cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
   Transport& t = buf.transport();
@@ -206,7 +206,6 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
     check_disjoint(gemm_writes(g), extent(shard.scale_inv, sizeof(float), "the shard's scale_inv"),
                    kAgOp);
   }
-  (void)config;  // nothing of BulkConfig applies to the all-gather
   const std::uint64_t arg = mix_arg(mix_arg(0, shard.bytes), scaled ? 1 : 0);
 
   // ---- the op --------------------------------------------------------------------------------
@@ -280,20 +279,9 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
 // short, and was slower on 4xH200: whenever ranks are out of step a receiver is written by two
 // senders at once, and a copy beside a second sender is much slower than alone; more and shorter
 // steps leave more of the op exposed to that. Measured: docs/performance-log.md [bulk_rs pieces].
-//
-// NOTE [bulk_rs defaults]: 8 SMs, with 4 pieces at TP 2 and 2 pieces at other sizes. Over repeated
-// runs of the bulk_rs rows of the suite these beat the former 16 SMs and one piece in total, on
-// 2xH200 and on 4xH200 (at TP 4 the comm-bound qkv rows vary from run to run, and 4 pieces are
-// slower on the qkv FP8 row). Measured: docs/performance-log.md [bulk_rs defaults].
-BulkConfig bulk_rs_defaults(int size) {
-  BulkConfig c;
-  if (size == 2) c.pieces = 4;
-  return c;
-}
-
 void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
                                 const ScatterOutput& out, const SideGemm& g,
-                                const BulkConfig& config, cudaStream_t stream) {
+                                const BulkRsConfig& config, cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
   Transport& t = buf.transport();
@@ -301,8 +289,7 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   check_can_begin(buf, stream, kRsOp);
   OVERLAP_CHECK(config.gemm_sm_margin >= 0, kConfig,
                 kRsOp << ": gemm_sm_margin must be >= 0, got " << config.gemm_sm_margin);
-  OVERLAP_CHECK(config.pieces >= 1 && config.pieces <= kMaxPieces, kConfig,
-                kRsOp << ": pieces must be in [1, " << kMaxPieces << "], got " << config.pieces);
+  detail::check_pieces(config.pieces, kRsOp);
   OVERLAP_CHECK_ARG(
       in.dtype == DType::kBFloat16 || in.dtype == DType::kFloat16 || in.dtype == DType::kFloat32,
       kRsOp << ": the input must be bfloat16, float16 or float32, got " << dtype_name(in.dtype));

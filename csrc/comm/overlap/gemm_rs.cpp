@@ -56,9 +56,9 @@ namespace detail {
 GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a,
                           const gemm::GemmOperand& b, const gemm::GemmOutput& d,
                           const float* out_scale_inv, const gemm::GemmOptions& options,
-                          const OverlapConfig& config, const char* op) {
+                          int compute_lanes, const char* op) {
   const int n = buf.size();
-  check_op(buf, config, a, b, op);
+  check_op(buf, compute_lanes, a, b, op);
   OVERLAP_CHECK_ARG(!a.transposed, op << ": the input must not be transposed (its rows are "
                                          "split among the ranks)");
   OVERLAP_CHECK_ARG(a.rows >= n && a.rows % n == 0,
@@ -145,13 +145,14 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 // docs/performance-log.md [gemm_rs pieces].
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
-             const OverlapConfig& config, cudaStream_t stream) {
+             const GemmRsConfig& config, cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
   Transport& t = buf.transport();
   // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
   const detail::GemmRsShape shape =
-      detail::check_gemm_rs(buf, a, b, d, out_scale_inv, options, config, kOp);
+      detail::check_gemm_rs(buf, a, b, d, out_scale_inv, options, config.compute_lanes, kOp);
+  detail::check_pieces(config.pieces, kOp);
   const std::int64_t m = shape.m;
   const std::int64_t cols = shape.cols;
   const DType partial = shape.partial;
@@ -174,7 +175,7 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
         std::uint64_t(d.dtype), std::uint64_t(pc.count())}) {
     arg = mix_arg(arg, v);
   }
-  const ReduceOutput o = detail::gemm_rs_output(d, out_scale_inv, config);
+  const ReduceOutput o = detail::gemm_rs_output(d, out_scale_inv, config.reduce_max_blocks);
   const std::size_t out_row_bytes = static_cast<std::size_t>(cols) * dtype_size(d.dtype);
   // Piece p of the output: the sum, in rank order (the same on every rank whichever rank
   // computed it), of our send slot r and every peer's receive slot, all local memory.

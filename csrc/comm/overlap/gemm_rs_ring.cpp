@@ -319,13 +319,13 @@ struct RingSchedule {
 // roundings relative to the largest value).
 void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
                   const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
-                  const OverlapConfig& config, cudaStream_t stream) {
+                  const GemmRsRingConfig& config, cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
   Transport& t = buf.transport();
   // ---- validation: nothing below begin_op may throw for a bad argument -----------------------
   const detail::GemmRsShape shape =
-      detail::check_gemm_rs(buf, a, b, d, out_scale_inv, options, config, kOp);
+      detail::check_gemm_rs(buf, a, b, d, out_scale_inv, options, config.compute_lanes, kOp);
   OVERLAP_CHECK(config.ring_subchunks >= 1 && config.ring_subchunks <= kMaxRingSubchunks, kConfig,
                 kOp << ": ring_subchunks must be in [1, " << kMaxRingSubchunks << "], got "
                     << config.ring_subchunks);
@@ -355,7 +355,7 @@ void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::
   if (dtype_is_fp8(d.dtype)) {  // the final running sum, cast with scale / scale_inv / amax
     const void* input = plan.slot(r, plan.final_slot());
     t.reduce(d.data, &input, 1, static_cast<std::size_t>(shape.m * shape.cols), shape.partial,
-             detail::gemm_rs_output(d, out_scale_inv, config), stream, 0);
+             detail::gemm_rs_output(d, out_scale_inv, config.reduce_max_blocks), stream, 0);
   }
 }
 

@@ -10,18 +10,22 @@
 
 namespace overlap::comm::detail {
 
-constexpr std::size_t kSlotAlign = 256;  // what cuBLASLt's fastest kernels assume
+constexpr std::size_t kSlotAlign = kSlotAlignment;
 
 inline std::size_t round_up(std::size_t x, std::size_t to) {
   return (x + to - 1) / to * to;
 }
 
-inline void check_config(const OverlapConfig& c, const char* op) {
+// The tuning limits of NOTE [overlap defaults].
+inline void check_lanes(int compute_lanes, const char* op) {
   OVERLAP_CHECK(
-      c.compute_lanes >= 1 && c.compute_lanes <= kMaxComputeLanes, kConfig,
-      op << ": compute_lanes must be in [1, " << kMaxComputeLanes << "], got " << c.compute_lanes);
-  OVERLAP_CHECK(c.pieces >= 1 && c.pieces <= kMaxPieces, kConfig,
-                op << ": pieces must be in [1, " << kMaxPieces << "], got " << c.pieces);
+      compute_lanes >= 1 && compute_lanes <= kMaxComputeLanes, kConfig,
+      op << ": compute_lanes must be in [1, " << kMaxComputeLanes << "], got " << compute_lanes);
+}
+
+inline void check_pieces(int pieces, const char* op) {
+  OVERLAP_CHECK(pieces >= 1 && pieces <= kMaxPieces, kConfig,
+                op << ": pieces must be in [1, " << kMaxPieces << "], got " << pieces);
 }
 
 // FP8 operands of the overlap ops are per-tensor scaled (block formats: not yet).
@@ -32,12 +36,12 @@ inline void check_scaling(const gemm::GemmOperand& x, const char* op, const char
                    << " scaling; the overlap ops take bf16/fp16/fp32 or per-tensor FP8 operands");
 }
 
-// What every overlap op checks first: the buffer is ready, the config valid, the operands
+// What every overlap op checks first: the buffer is ready, the compute lanes valid, the operands
 // per-tensor FP8 or unscaled.
-inline void check_op(const SymmetricBuffer& buf, const OverlapConfig& c, const gemm::GemmOperand& a,
+inline void check_op(const SymmetricBuffer& buf, int compute_lanes, const gemm::GemmOperand& a,
                      const gemm::GemmOperand& b, const char* op) {
   buf.check_ready(op);
-  check_config(c, op);
+  check_lanes(compute_lanes, op);
   check_scaling(a, op, "the input");
   check_scaling(b, op, "the weight");
 }
@@ -82,24 +86,24 @@ struct GemmRsShape {
   DType partial = DType::kBFloat16;
 };
 
-// The argument rules both GEMM -> RS methods share (defined in gemm_rs.cpp): the buffer, config
-// and operand kinds, the input's rows, the output's shape, dtype and FP8 scales, no bias, gelu
-// or beta. Throws before anything is communicated; `op` names the caller.
+// The argument rules both GEMM -> RS methods share (defined in gemm_rs.cpp): the buffer, compute
+// lanes and operand kinds, the input's rows, the output's shape, dtype and FP8 scales, no bias,
+// gelu or beta. Throws before anything is communicated; `op` names the caller.
 GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a,
                           const gemm::GemmOperand& b, const gemm::GemmOutput& d,
                           const float* out_scale_inv, const gemm::GemmOptions& options,
-                          const OverlapConfig& config, const char* op);
+                          int compute_lanes, const char* op);
 
 // How both GEMM -> RS methods store their sum into the caller's output `d` (FP8: with its
 // scale and amax, and 1 / scale into out_scale_inv).
 inline ReduceOutput gemm_rs_output(const gemm::GemmOutput& d, float* out_scale_inv,
-                                   const OverlapConfig& config) {
+                                   int reduce_max_blocks) {
   ReduceOutput o;
   o.format = d.dtype;
   o.scale = d.scale;
   o.scale_inv = out_scale_inv;
   o.amax = d.amax;
-  o.max_blocks = config.reduce_max_blocks;
+  o.max_blocks = reduce_max_blocks;
   return o;
 }
 

@@ -21,43 +21,110 @@
 
 namespace overlap::comm {
 
-// Tuning of an overlap op; the result does not depend on it.
-struct OverlapConfig {
-  // Streams (lanes) the chunk GEMMs alternate over, 1..kMaxComputeLanes. Two let a chunk's
-  // GEMM start as soon as its data is there while the previous one still runs.
-  int compute_lanes = 1;
-  // gemm_rs: bound on the reduction kernel's grid (<= 0: fill the GPU).
-  int reduce_max_blocks = 0;
-  // ag_gemm: push the shard to one peer after the other (r+1 first) instead of to all at
-  // once. Each push then has the copy engines to itself, so the first peer chunk lands after
-  // about 1/(size-1) of the all-gather time, not at its end (NOTE [ag_gemm schedule]). The
-  // Python op and initialize_ub default to it.
-  bool staggered_puts = false;
-  // ag_gemm: each rank copies its shard into its own slot and the peers PULL it, after two
-  // handshakes (NOTE [handshakes] in transport.h) where every rank meets: no flag per chunk,
-  // the pulls on one copy lane in torch async-TP's order, each chunk's GEMMs after its pull
-  // (NOTE [ag_gemm pulls]). staggered_puts and put_split do not apply.
-  // gemm_rs_ring: each rank leaves its running sums in its own slots and its successor pulls
-  // them, announced by one flag per piece (NOTE [gemm_rs_ring pulls]); put_split does not
-  // apply. The pipelined gemm_rs always pulls and ignores it.
-  bool pull_shards = false;
-  // gemm_rs_ring: sub-chunks each rank's chunk is split into, 1..kMaxRingSubchunks (NOTE
-  // [gemm_rs_ring schedule]: with 1, every hop waits for the neighbour's whole GEMM).
-  int ring_subchunks = 2;
-  // ag_gemm and gemm_rs (pipelined): pieces each peer's chunk is split into, 1..kMaxPieces.
-  // ag_gemm pushes, announces and multiplies a shard piece by piece, so the GEMM of a piece
-  // starts once it has landed (NOTE [ag_gemm pieces]); gemm_rs computes the chunks in rounds
-  // of one piece per rank, each piece pulled and reduced while later rounds are computed
-  // (NOTE [gemm_rs pieces]). 1 = whole chunks, best for GEMM-bound shapes.
-  int pieces = 1;
-  // ag_gemm (pushes): also copy our own shard into our slot, so that the buffer holds the whole
-  // gathered input after the op (NOTE [ag_gemm own slot]). The pulls always copy it (the peers
-  // read it there).
-  bool keep_gathered = true;
-};
+// ---- tuning: limits and defaults (defaults.cpp) --------------------------------------------
+//
+// NOTE [overlap defaults]: every limit and default of the overlap ops' tuning is defined here,
+// once. Each op has a config struct of its own knobs (nothing in it that the op ignores); its
+// member initialisers are the op's defaults at any group size, and `<op>_defaults(size)` gives
+// a group size's own where a default depends on it (NOTE [ub tp 2], NOTE [bulk_rs defaults]
+// in defaults.cpp). The binding (overlap._C.comm_ops) exposes the limits, the structs and these
+// functions and takes its keyword defaults from them; overlap.ops and overlap.ub read the
+// binding and write no number down (tests/unit/test_defaults.py fails where a Python layer
+// restates one). The results of an op never depend on its tuning. Verdict: a default changes
+// in one line.
 constexpr int kMaxComputeLanes = 4;
 constexpr int kMaxRingSubchunks = 4;
 constexpr int kMaxPieces = 4;
+// Byte alignment of every slot and region of an op's layout (and of a buffer's start): what
+// cuBLASLt's fastest kernels assume. The buffer managers' layout (overlap/buffers/layout.py)
+// aligns its regions to it as well, so that both lay a gathered tensor out alike.
+constexpr std::size_t kSlotAlignment = 256;
+
+// ag_gemm (AG -> GEMM).
+struct AgGemmConfig {
+  // Streams (lanes) the chunk GEMMs alternate over, 1..kMaxComputeLanes. Two let a chunk's
+  // GEMM start as soon as its data is there while the previous one still runs.
+  int compute_lanes = 2;
+  // Push the shard to one peer after the other (r+1 first) instead of to all at once. Each push
+  // then has the copy engines to itself, so the first peer chunk lands after about 1/(size-1)
+  // of the all-gather time, not at its end (NOTE [ag_gemm schedule]; docs/performance-log.md
+  // [ag_gemm op defaults]).
+  bool staggered_puts = true;
+  // Each rank copies its shard into its own slot and the peers PULL it, after two handshakes
+  // (NOTE [handshakes] in transport.h) where every rank meets: no flag per chunk, the pulls on
+  // one copy lane in torch async-TP's order, each chunk's GEMMs after its pull (NOTE [ag_gemm
+  // pulls]). staggered_puts and put_split do not apply.
+  bool pull_shards = false;
+  // Pieces each peer's shard is pushed, announced and multiplied in, 1..kMaxPieces: the GEMM of
+  // a piece starts once it has landed (NOTE [ag_gemm pieces]). 1 = whole chunks, best for
+  // GEMM-bound shapes.
+  int pieces = 1;
+  // Pushes: also copy our own shard into our slot, so that the buffer holds the whole gathered
+  // input after the op (NOTE [ag_gemm own slot]: it costs a local copy beside the pushes). The
+  // pulls always copy it (the peers read it there).
+  bool keep_gathered = false;
+};
+
+// gemm_rs (GEMM -> RS, pipelined).
+struct GemmRsConfig {
+  // Streams the chunk GEMMs alternate over, 1..kMaxComputeLanes (1 finishes each chunk, and
+  // thus each transfer, earliest).
+  int compute_lanes = 1;
+  // Bound on the reduction kernel's grid (<= 0: fill the GPU).
+  int reduce_max_blocks = 0;
+  // Rounds the chunks are computed, pulled and reduced in, 1..kMaxPieces: each piece is pulled
+  // and reduced while later rounds are computed (NOTE [gemm_rs pieces]).
+  int pieces = 1;
+};
+
+// gemm_rs_ring (GEMM -> RS, ring exchange).
+struct GemmRsRingConfig {
+  // As GemmRsConfig::compute_lanes.
+  int compute_lanes = 1;
+  // Bound on the grid of the FP8 output's cast (<= 0: fill the GPU).
+  int reduce_max_blocks = 0;
+  // Sub-chunks each rank's chunk is split into, 1..kMaxRingSubchunks (NOTE [gemm_rs_ring
+  // schedule]: with 1, every hop waits for the neighbour's whole GEMM).
+  int ring_subchunks = 2;
+  // Each rank leaves its running sums in its own slots and its successor pulls them, announced
+  // by one flag per piece (NOTE [gemm_rs_ring pulls]); put_split does not apply.
+  bool pull_shards = false;
+};
+
+// How a GEMM -> RS moves and sums the partial sums: gemm_rs or gemm_rs_ring.
+enum class RsMethod : int { kPipelined = 0, kRing = 1 };
+
+// The GEMM -> RS that runs where the caller chooses none: its method and, for the ring, whether
+// it pulls (a choice of its own: a ring that is asked for keeps gemm_rs_ring_defaults()).
+struct GemmRsDefault {
+  RsMethod method = RsMethod::kPipelined;
+  bool pull_shards = false;
+};
+
+// reduce_scatter_beside_gemm (bulk reduce-scatter). all_gather_beside_gemm has no tuning of
+// its own (its buffer's put_split and serial_puts apply).
+struct BulkRsConfig {
+  // Bound on the reduction kernel's grid (<= 0: fill the GPU). The kernel's blocks are 256
+  // threads, 4 resident per SM: 64 blocks fill 16 SMs.
+  int reduce_max_blocks = 64;
+  // cuda: when the side GEMM gives no sm_count of its own, it plans for (device SMs -
+  // gemm_sm_margin) so that the reduction finds SMs free while the GEMM runs (0: the GEMM plans
+  // for the whole GPU).
+  int gemm_sm_margin = 8;
+  // Pieces the partial sums travel and are reduced in, 1..kMaxPieces (NOTE [bulk_rs pieces] in
+  // bulk.cpp).
+  int pieces = 2;
+};
+
+// The defaults at `size` ranks (<= 0: any size, the structs' own). The op classes of
+// overlap.ops take those of any size (reduce_scatter_beside_gemm: of its group's size);
+// initialize_ub() takes its group's (NOTE [ub tp 2]).
+AgGemmConfig ag_gemm_defaults(int size);
+GemmRsConfig gemm_rs_defaults(int size);
+GemmRsRingConfig gemm_rs_ring_defaults(int size);
+GemmRsDefault gemm_rs_default(int size);
+BulkRsConfig bulk_rs_defaults(int size);
+
 // Epochs an ag_gemm or a pipelined gemm_rs takes on its buffer (piece p is announced by the
 // value epoch + p, NOTE [ag_gemm pieces]): odd, >= kMaxPieces, and independent of the call's
 // arguments.
@@ -86,12 +153,12 @@ AgGemmLayout ag_gemm_layout(int size, std::size_t shard_bytes, bool scaled);
 //   amax over chunk GEMMs is not implemented).
 // options: the GEMM's options (alpha, bias, gelu, fast_accum, sm_count; beta == 0).
 // After the op, the buffer holds the gathered input (NOTE [ag_gemm layout]) until the next op,
-// unless config.keep_gathered is false (pushes: our own slot is then left as it was).
+// unless config.keep_gathered is false with pushes (our own slot is then left as it was).
 // config.pieces splits each peer's shard (NOTE [ag_gemm pieces]); every op takes
 // kPieceEpochs epochs of the buffer whatever the pieces.
 void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, const gemm::GemmOptions& options,
-             const OverlapConfig& config, cudaStream_t stream);
+             const AgGemmConfig& config, cudaStream_t stream);
 
 // ---- GEMM -> RS ------------------------------------------------------------------------------
 
@@ -120,7 +187,7 @@ DType gemm_rs_partial_dtype(DType out);
 // kPieceEpochs epochs of the buffer whatever the pieces.
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
-             const OverlapConfig& config, cudaStream_t stream);
+             const GemmRsConfig& config, cudaStream_t stream);
 
 // ---- bulk overlap: a collective beside an unrelated GEMM (comm/overlap/bulk.cpp) ----------
 //
@@ -142,28 +209,6 @@ struct SideGemm {
   gemm::GemmOptions options;
 };
 
-// Tuning of a bulk op; the results do not depend on it. The defaults are those of any TP
-// size; bulk_rs_defaults() gives a group size's own (NOTE [bulk_rs defaults] in bulk.cpp).
-struct BulkConfig {
-  // reduce_scatter_beside_gemm: bound on the reduction kernel's grid (<= 0: fill the GPU).
-  // The kernel's blocks are 256 threads, 4 resident per SM: 64 blocks fill 16 SMs.
-  int reduce_max_blocks = 64;
-  // reduce_scatter_beside_gemm, cuda: when the side GEMM gives no sm_count of its own, it
-  // plans for (device SMs - gemm_sm_margin) so that the reduction finds SMs free while the
-  // GEMM runs (0: the GEMM plans for the whole GPU). all_gather_beside_gemm uses no SMs for
-  // its communication and leaves the GEMM's sm_count alone.
-  int gemm_sm_margin = 8;
-  // reduce_scatter_beside_gemm: pieces the partial sums travel and are reduced in,
-  // 1..kMaxPieces (NOTE [bulk_rs pieces] in bulk.cpp); every op takes kPieceEpochs epochs of
-  // the buffer whatever the pieces.
-  int pieces = 2;
-};
-
-// The BulkConfig of a reduce_scatter_beside_gemm on `size` ranks (<= 0: any size, the
-// struct's defaults): the one source of the bulk defaults, which the binding and the Python
-// op (overlap.ops.bulk.bulk_rs_defaults) read.
-BulkConfig bulk_rs_defaults(int size);
-
 // The shard of a bulk all-gather: `bytes` contiguous bytes in the transport's memory, and
 // for a per-tensor FP8 shard its float32[1] scale_inv (nullptr otherwise). The buffer holds
 // the gathered shards in ag_gemm's layout (NOTE [ag_gemm layout]): rank j's shard at
@@ -177,7 +222,7 @@ struct GatherShard {
 // Gathers every rank's shard into the buffer (copy engines, no SM) while `gemm` runs.
 // After the op, the buffer holds the gathered shards until the next op on it.
 void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, const SideGemm& gemm,
-                            const BulkConfig& config, cudaStream_t stream);
+                            cudaStream_t stream);
 
 // NOTE [bulk_rs layout]: `size` slots of one [M / size, n] partial of the input dtype, each
 // rounded up to 256 bytes: slot j receives rank j's partial sums of this rank's rows (pushed
@@ -214,7 +259,7 @@ struct ScatterOutput {
 // result on every rank) while `gemm` runs. `out` must not overlap `in`.
 void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
                                 const ScatterOutput& out, const SideGemm& gemm,
-                                const BulkConfig& config, cudaStream_t stream);
+                                const BulkRsConfig& config, cudaStream_t stream);
 
 // ---- GEMM -> RS, ring exchange (gemm_rs_ring.cpp) ---------------------------------------------
 
@@ -238,7 +283,7 @@ std::uint64_t gemm_rs_ring_epochs(int size);
 // each running sum pulled by the next rank instead of pushed to it (NOTE [gemm_rs_ring pulls]).
 void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
                   const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
-                  const OverlapConfig& config, cudaStream_t stream);
+                  const GemmRsRingConfig& config, cudaStream_t stream);
 
 // ---- AG -> GEMM with several weights sharing one gather (ag_gemm.cpp) --------------------------
 
@@ -255,7 +300,7 @@ struct AgGemmWeight {
 // be empty; every weight and output is validated before begin_op. The single-weight ag_gemm
 // above is this call with one weight.
 void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
-             const std::vector<AgGemmWeight>& weights, const OverlapConfig& config,
+             const std::vector<AgGemmWeight>& weights, const AgGemmConfig& config,
              cudaStream_t stream);
 
 }  // namespace overlap::comm
