@@ -107,6 +107,41 @@ def breakdown(acts: Sequence[Activity], calls: int) -> dict[str, float]:
     }
 
 
+def busy_us(acts: Sequence[Activity]) -> float:
+    """The time (us) at least one of ``acts`` runs: the union of their intervals."""
+    busy, hi = 0.0, float("-inf")
+    for a in sorted(acts, key=lambda a: a.start_us):
+        if a.end_us > hi:
+            busy += a.end_us - max(a.start_us, hi)
+            hi = a.end_us
+    return busy
+
+
+def by_stream_and_kernel(acts: Sequence[Activity], calls: int, top: int = 12) -> str:
+    """Where one rank's GPU time goes, per call: per stream its busy time (union of its
+    activities) and activity count; then the ``top`` kernel/copy names by summed duration
+    (names cut at 70 characters, so one GEMM's configurations stay apart). A stream that
+    carries the compute (the busiest) and is idle for a while during the span is where a
+    communication is exposed."""
+    streams: dict[str, list[Activity]] = {}
+    names: dict[tuple[str, str], list[float]] = {}
+    for a in acts:
+        streams.setdefault(a.stream, []).append(a)
+        names.setdefault((a.name[:70], a.stream), []).append(a.dur_us)
+    rows = [
+        {"stream": st, "busy_us": busy_us(xs) / calls, "n": len(xs) / calls}
+        for st, xs in sorted(streams.items(), key=lambda kv: -busy_us(kv[1]))
+    ]
+    lines = [format_table(rows, [("stream", "stream"), ("busy_us", "busy/call"),
+                                 ("n", "activities/call")])]  # fmt: skip
+    ranked = sorted(names.items(), key=lambda kv: -sum(kv[1]))[:top]
+    lines.append("")
+    lines.append(f"{'us/call':>9} {'count':>6}  name [stream]")
+    for (name, st), durs in ranked:
+        lines.append(f"{sum(durs) / calls:9.1f} {len(durs) // calls:>6}  {name} [{st}]")
+    return "\n".join(lines)
+
+
 def timeline_text(label: str, traced: Mapping[str, Sequence[Activity]], calls: int) -> str:
     """The trace file of one row: per traced call a breakdown table (one line per rank),
     then every rank's activities on one axis (:func:`activities_of`'s times, shifted so that
@@ -136,6 +171,9 @@ def timeline_text(label: str, traced: Mapping[str, Sequence[Activity]], calls: i
                 f"{counts[-1]}): where a rank did the same work, the profiler dropped records "
                 "and that rank's per-call times are too low"
             )
+        first = [a for a in acts if a.rank == ranks[0]] if ranks else []
+        lines += ["", f"GPU time of rank {ranks[0] if ranks else '-'} by stream and kernel:", ""]
+        lines.append(by_stream_and_kernel(first, calls))
         lines.append("")
         t0 = min((a.start_us for a in acts), default=0.0)
         lines.append(f"{'rank':>4} {'start':>9} {'dur':>8} {'end':>9}  stream  kind    name")

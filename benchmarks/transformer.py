@@ -17,7 +17,17 @@ Columns, measured in one run on the same GPUs (docs/design.md §9):
   does), eager, compiled with ``torch.compile``, and compiled with async-TP
   (``torch._inductor.config._micro_pipeline_tp``, symmetric memory without multicast). BF16
   only: PyTorch's FP8 training needs torchao, which the rows say when it is missing;
-* ``TE``: TransformerEngine's ``TransformerLayer``, or "n/a" with the reason (not installed).
+* ``TE``: TransformerEngine's ``TransformerLayer``, or "n/a" with the reason (not installed);
+* ``floor``: one rank's compute alone (NOTE [compute floor]); ``None/floor`` is the most any
+  overlap can gain over ``ub=None``, ``ours/floor`` what ours leaves exposed.
+
+NOTE [compute floor]: the floor runs our layer on a TP group of this rank alone, at one rank's
+share of the layer (1/tp of the heads, key/value heads and FFN; the full hidden size; all T
+tokens), with no userbuffers: every GEMM and the attention have a TP rank's shapes, and there
+is no communication (a group of one copies where a gather would run, a few tens of us per
+step). Its norms and residual adds run on T tokens instead of T/tp, so the floor is slightly
+above the true one. Verdict: a target over ``ub=None`` above ``None/floor`` cannot be met by
+hiding communication; the row then needs less compute (fusions, FP8) instead.
 
 Shapes: Llama-3-70B (hidden 8192, FFN 28672, 64 query / 8 KV heads of 128), Llama-3-8B (4096,
 14336, 32 / 8) and Qwen2.5-32B (5120, 27648, 40 / 8); SwiGLU, RMSNorm, causal, no biases.
@@ -51,7 +61,8 @@ SHAPES = {
 }
 TINY = (64, 128, 8, 4, 8)
 TARGET_SPEEDUP = 1.12  # over ub=None (docs/design.md §6)
-COLUMNS = ("ours", "none", "torch_eager", "torch_compile", "torch_async_tp", "te")
+COLUMNS = ("ours", "none", "torch_eager", "torch_compile", "torch_async_tp", "te", "floor")
+PEERS = ("torch_eager", "torch_compile", "torch_async_tp", "te")
 
 
 # ---- the plain PyTorch layer (the peers' baseline) -------------------------------------------
@@ -166,17 +177,18 @@ def time_steps(step: Callable[[], None], *, iters: int, warmup: int, cuda: bool)
     return statistics.median(times)
 
 
-def _ours(dims, tokens, seq, ub, fp8, device, args) -> float:  # noqa: PLR0917
+def _ours_step(dims, tokens, seq, ub, fp8, device, group=None) -> Callable[[], None]:  # noqa: PLR0917
+    """One forward + backward of our layer (the weights' gradients dropped after it)."""
     import torch
     import torch.distributed as dist
 
     from overlap.layers import Fp8Recipe, TransformerLayer, fp8_autocast
 
     hidden, ffn, heads, groups, d = dims
-    tp = dist.get_world_size()
+    tp = dist.get_world_size(group)
     torch.manual_seed(0)
     layer = TransformerLayer(
-        hidden, ffn, heads, num_query_groups=groups, head_dim=d, ub=ub,
+        hidden, ffn, heads, num_query_groups=groups, head_dim=d, ub=ub, tp_group=group,
         params_dtype=torch.bfloat16, device=device,
     )  # fmt: skip
     x = torch.randn(seq // tp, tokens // seq, hidden, dtype=torch.bfloat16, device=device)
@@ -192,7 +204,19 @@ def _ours(dims, tokens, seq, ub, fp8, device, args) -> float:  # noqa: PLR0917
         for p in layer.parameters():
             p.grad = None
 
+    return step
+
+
+def _ours(dims, tokens, seq, ub, fp8, device, args, group=None) -> float:  # noqa: PLR0917
+    step = _ours_step(dims, tokens, seq, ub, fp8, device, group)
     return time_steps(step, iters=args.iters, warmup=args.warmup, cuda=device.type == "cuda")
+
+
+def local_dims(dims: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    """One rank's share of a layer: the same hidden size and head size, 1/tp of the FFN, the
+    query heads and the key/value heads (NOTE [compute floor])."""
+    hidden, ffn, heads, groups, d = dims
+    return (hidden, ffn // tp, heads // tp, groups // tp, d)
 
 
 def _torch(dims, tokens, seq, mode, device, args) -> float:  # noqa: PLR0917
@@ -273,6 +297,14 @@ def run(args: argparse.Namespace) -> None:
     )  # fmt: skip
     dtypes = args.dtypes.split(",")
     te_reason = _te_unavailable()
+    # NOTE [compute floor]: one group of this rank alone (every rank creates every group).
+    alone = [g for r, g in ((r, dist.new_group([r])) for r in range(tp)) if r == rank][0]
+    tracer = None
+    if args.trace:
+        from benchmarks.common import device_barrier
+        from benchmarks.trace import Tracer
+
+        tracer = Tracer(Path(args.out), device_barrier(), calls=1)
     rows: list[dict[str, Any]] = []
     total = len(shapes) * len(tokens_list) * len(dtypes)
     t0 = time.monotonic()
@@ -292,9 +324,11 @@ def run(args: argparse.Namespace) -> None:
                 )  # fmt: skip
                 row["ub_bytes"] = ub.total_bytes
                 reasons: dict[str, str] = {}
+                local = local_dims(dims, tp)
                 runs = {
                     "ours": partial(_ours, dims, tokens, seq, ub, fp8, device, args),
                     "none": partial(_ours, dims, tokens, seq, None, fp8, device, args),
+                    "floor": partial(_ours, local, tokens, seq, None, fp8, device, args, alone),
                     **{
                         f"torch_{mode}": partial(_torch, dims, tokens, seq, mode, device, args)
                         for mode in ("eager", "compile", "async_tp")
@@ -322,13 +356,26 @@ def run(args: argparse.Namespace) -> None:
                     row[f"ms_{col}"] = max_over_ranks(ms)
                     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0
                     row[f"peak_mb_{col}"] = max_over_ranks(peak)
+                if tracer is not None and "ms_ours" in row and "ms_none" in row:
+                    label = f"transformer-{shape}-T{tokens}-tp{tp}-{dtype}"
+                    traced = tracer.record(label, {
+                        "ours": _ours_step(dims, tokens, seq, ub, fp8, device),
+                        "ub=None": _ours_step(dims, tokens, seq, None, fp8, device),
+                        "floor": _ours_step(local, tokens, seq, None, fp8, device, alone),
+                    })  # fmt: skip
+                    row["trace"] = {k: v for k, v in traced.items() if k != "file"}
+                    row["trace_file"] = traced["file"]
                 ub.destroy()
                 reasons["te"] = te_reason or ""
                 row["na"] = reasons
                 if "ms_ours" in row and "ms_none" in row:
                     row["speedup"] = row["ms_none"] / row["ms_ours"]
                     row["tokens_per_s"] = tokens / row["ms_ours"] * 1e3
-                peers = [row[f"ms_{c}"] for c in COLUMNS[2:] if f"ms_{c}" in row]
+                if "ms_floor" in row:
+                    for col in ("ours", "none"):
+                        if f"ms_{col}" in row:
+                            row[f"{col}_over_floor"] = row[f"ms_{col}"] / row["ms_floor"]
+                peers = [row[f"ms_{c}"] for c in PEERS if f"ms_{c}" in row]
                 row["vs_best_peer"] = (
                     min(peers) / row["ms_ours"] if peers and "ms_ours" in row else None
                 )
@@ -392,7 +439,9 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
         ("shape", "shape"), ("tp", "tp"), ("tokens", "T"), ("seq", "seq"), ("dtype", "dtype"),
         ("ms_ours", "ours"), ("ms_none", "ub=None"), ("ms_torch_eager", "torch eager"),
         ("ms_torch_compile", "torch compile"), ("ms_torch_async_tp", "+async-TP"),
-        ("ms_te", "TE"), ("speedup", "ours vs None"), ("vs_best_peer", "best peer/ours"),
+        ("ms_te", "TE"), ("ms_floor", "floor"), ("speedup", "ours vs None"),
+        ("none_over_floor", "None/floor"), ("ours_over_floor", "ours/floor"),
+        ("vs_best_peer", "best peer/ours"),
         ("tokens_per_s", "tokens/s"), ("peak_mb_ours", "peak MiB"), ("ub_bytes", "ub bytes"),
     ]  # fmt: skip
     header = (
@@ -437,7 +486,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="bf16,fp8", help="bf16, fp8 or both")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--trace", action="store_true",
+        help="GPUs: after each row, one step of ours, ub=None and the floor under torch.profiler, "
+        "every rank on one axis, with rank 0's GPU time by stream and kernel: "
+        "OUT/traces/<row>.txt",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.trace and not args.cuda:
+        parser.error("--trace records GPU timelines (CUPTI): it needs --cuda")
     if args.launch:
         argv = sys.argv[1:] if argv is None else argv
         return launch_workers("benchmarks.transformer", args.launch, argv)

@@ -14,6 +14,7 @@ from overlap._version import __version__
 from overlap.comm.graphs import CudaGraph
 from overlap.errors import (
     BootstrapError,
+    CommAbortedError,
     CommTimeoutError,
     ConfigError,
     CudaError,
@@ -27,6 +28,7 @@ from overlap.ub import destroy_ub, get_ub, initialize_ub
 
 __all__ = [
     "BootstrapError",
+    "CommAbortedError",
     "CommTimeoutError",
     "ConfigError",
     "CudaError",

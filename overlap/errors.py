@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "BootstrapError",
+    "CommAbortedError",
     "CommTimeoutError",
     "ConfigError",
     "CudaError",
@@ -42,6 +43,12 @@ class StateError(OverlapError):
 
 class CommTimeoutError(OverlapError, TimeoutError):
     """A communication wait passed its deadline. The message names op, rank, peer and step."""
+
+
+class CommAbortedError(OverlapError):
+    """A communication wait was cut short on this rank: its communicator was aborted
+    (:meth:`overlap.comm.Communicator.abort`) or a signal interrupted the wait. The
+    communicator is failed from then on (create a new one)."""
 
 
 class UnsupportedHardwareError(OverlapError):

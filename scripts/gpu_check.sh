@@ -13,7 +13,9 @@
 # STEP_TIMEOUT_S=900), graphs-cuda (CUDA graphs of comm ops), layers-cuda and layers-bench
 # (the tensor-parallel layers' multi-rank tests and benchmark on all local GPUs;
 # LAYERS_BENCH_ARGS adds options, e.g. "--full"), transformer-bench (one transformer layer
-# against the peers; TRANSFORMER_BENCH_ARGS adds options). Every step writes
+# against the peers; TRANSFORMER_BENCH_ARGS adds options), soak-cuda (10,000 random ops with
+# stalls and a killed rank), sanitizer (compute-sanitizer memcheck and racecheck over every op
+# kind), setup-cuda (set-up deadlines). Every step writes
 # its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S, default 300 s); a short summary
 # table is printed last.
 set -uo pipefail
@@ -67,6 +69,9 @@ for s in "${STEPS[@]}"; do
       step layersb layersbench.log "$PY" -m benchmarks.layers --launch "$(nvidia-smi -L | wc -l)" \
         --cuda --out "$LOG" ${LAYERS_BENCH_ARGS:-} ;;
     graphs-cuda) step graphs graphs.log "${PYTEST[@]}" tests/distributed/test_graphs.py ;;
+    soak-cuda) step soak soak.log "${PYTEST[@]}" -s tests/distributed/test_soak.py -k cuda_soak ;;
+    sanitizer) step sanit sanitizer.log "${PYTEST[@]}" tests/distributed/test_soak.py -k sanitizer ;;
+    setup-cuda) step setup setup.log "${PYTEST[@]}" tests/distributed/test_setup_deadlines.py ;;
     quant-gpu) step quant quant.log "${PYTEST[@]}" tests/unit/test_quantize_gpu.py tests/unit/test_overlap_ops.py ;;
     ops-bench)
       step opsbench opsbench.log "$PY" -m benchmarks.overlap_ops --launch "$(nvidia-smi -L | wc -l)" \
@@ -83,7 +88,7 @@ done
 echo
 echo "== gpu_check summary =="
 printf '%s\n' "${summary[@]}"
-for f in unit dist buffers quant ops graphs layers; do
+for f in unit dist buffers quant ops graphs layers soak sanitizer setup; do
   [ -f "$LOG/$f.log" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG/$f.log" | tail -n 12
 done
 exit 0

@@ -4,8 +4,10 @@
 
 #include "bindings/dlpack.h"
 #include "bindings/registry.h"
+#include "bindings/signals.h"
 #include "bindings/tensor_arg.h"
 #include "comm/collectives.h"
+#include "comm/host/shm_region.h"
 #include "comm/op_protocol.h"
 #ifdef OVERLAP_WITH_CUDA
 #include "comm/cuda/graph_log.h"
@@ -23,6 +25,7 @@ using comm::Transport;
 
 void register_comm(py::module_& m) {
   py::module_ c = m.def_submodule("comm", "Userbuffers runtime (use overlap.comm instead).");
+  install_signal_check();  // NOTE [interrupting waits] in comm/fault.h
 
   py::class_<Transport, std::shared_ptr<Transport>>(c, "Transport")
       .def_property_readonly("name", [](const Transport& t) { return transport_name(t.kind()); })
@@ -30,6 +33,17 @@ void register_comm(py::module_& m) {
       .def("raise_if_failed", &Transport::raise_if_failed)
       .def_property_readonly("failed", &Transport::failed)
       .def_property_readonly("failure", &Transport::failure)
+      // NOTE [abort] in comm/fault.h: atomics only, so the GIL stays (nothing blocks).
+      .def("abort", &Transport::abort)
+      .def(
+          "fail",
+          [](Transport& t, const std::string& kind, const std::string& message) {
+            const ErrorKind k = kind == "timeout" ? ErrorKind::kTimeout : ErrorKind::kBootstrap;
+            t.fail(k, message);
+          },
+          py::arg("kind"), py::arg("message"),
+          "Fails the transport (NOTE [failed transport]) with a set-up fault found in Python: "
+          "kind 'timeout' or 'bootstrap'.")
       .def(
           "synchronize",
           [](Transport& t, std::uintptr_t stream) {
@@ -54,6 +68,12 @@ void register_comm(py::module_& m) {
       },
       py::arg("device"));
 
+  c.def(
+      "unlink_region_name", [](const std::string& tag) { comm::unlink_shm(comm::shm_name(tag)); },
+      py::arg("tag"),
+      "Removes the shared-memory name of the region tagged `tag` (any rank's), where it exists: "
+      "a failed rendezvous leaves none behind, a dead rank's included (NOTE [shm names]).");
+
   c.attr("max_buffer_bytes") = SymmetricBuffer::kMaxBytes;
   c.attr("max_timeout_s") = SymmetricBuffer::kMaxTimeoutS;
 
@@ -71,7 +91,9 @@ void register_comm(py::module_& m) {
           },
           py::arg("handles"))
       .def("finish_rendezvous", &SymmetricBuffer::finish_rendezvous)
-      .def("destroy", &SymmetricBuffer::destroy)
+      // NOTE [destroy while in use]: may wait for an op on another thread, which may need the
+      // GIL to finish (its interrupt check).
+      .def("destroy", &SymmetricBuffer::destroy, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("ready", &SymmetricBuffer::ready)
       .def_property_readonly("destroyed", &SymmetricBuffer::destroyed)
       .def_property_readonly("rank", &SymmetricBuffer::rank)
@@ -95,11 +117,12 @@ void register_comm(py::module_& m) {
       .def(
           "all_gather",
           [](SymmetricBuffer& b, py::handle input, std::uintptr_t stream) {
-            const TensorRef in = tensor_ref_from_py(input, "all_gather input");
+            std::uint64_t type = 0;  // NOTE [gather dtypes]: any dtype
+            const TensorRef in = tensor_bytes_from_py(input, "all_gather input", &type);
             b.check_tensor(in, "all_gather input");
             py::gil_scoped_release release;
             comm::run_op(b, [&] {
-              comm::all_gather(b, in.data, in.nbytes(), stream_from_py(stream), in.dtype);
+              comm::all_gather(b, in.data, in.nbytes(), stream_from_py(stream), type);
             });
           },
           py::arg("input"), py::kw_only(), py::arg("stream") = 0)
@@ -109,9 +132,10 @@ void register_comm(py::module_& m) {
              std::uintptr_t stream) {
             std::vector<comm::GatherPart> ps;
             for (const auto& [input, offset] : parts) {
-              const TensorRef in = tensor_ref_from_py(input, "all_gather part");
+              std::uint64_t type = 0;  // NOTE [gather dtypes]: any dtype
+              const TensorRef in = tensor_bytes_from_py(input, "all_gather part", &type);
               b.check_tensor(in, "all_gather part");
-              ps.push_back({in.data, offset, static_cast<std::size_t>(in.nbytes()), in.dtype});
+              ps.push_back({in.data, offset, static_cast<std::size_t>(in.nbytes()), type});
             }
             py::gil_scoped_release release;
             comm::run_op(b, [&] { comm::all_gather_parts(b, ps, stream_from_py(stream)); });
@@ -147,7 +171,8 @@ void register_comm(py::module_& m) {
           py::kw_only(), py::arg("stream") = 0)
       .def(
           "view",
-          [](const SymmetricBuffer& b, int peer, std::size_t offset, std::size_t nbytes) {
+          [](SymmetricBuffer& b, int peer, std::size_t offset, std::size_t nbytes) {
+            const SymmetricBuffer::Use use(b, "view");  // NOTE [destroy while in use]
             b.check_ready("view");
             OVERLAP_CHECK_ARG(offset <= b.bytes() && nbytes <= b.bytes() - offset,
                               "view: bytes [" << offset << ", " << offset + nbytes
@@ -160,7 +185,9 @@ void register_comm(py::module_& m) {
       .def(
           "copy_out",
           [](SymmetricBuffer& b, py::handle output, std::size_t offset, std::uintptr_t stream) {
-            const TensorRef out = tensor_ref_from_py(output, "copy_out output");
+            std::uint64_t type = 0;  // bytes: any dtype (NOTE [gather dtypes])
+            const TensorRef out = tensor_bytes_from_py(output, "copy_out output", &type);
+            const SymmetricBuffer::Use use(b, "copy_out");  // NOTE [destroy while in use]
             b.check_ready("copy_out");
             b.check_tensor(out, "copy_out output");
             OVERLAP_CHECK_ARG(offset <= b.bytes() && out.nbytes() <= b.bytes() - offset,

@@ -62,7 +62,7 @@ void register_common(py::module_& m) {
             {"config", ErrorKind::kConfig},     {"state", ErrorKind::kState},
             {"timeout", ErrorKind::kTimeout},   {"unsupported", ErrorKind::kUnsupported},
             {"cuda", ErrorKind::kCuda},         {"bootstrap", ErrorKind::kBootstrap},
-            {"system", ErrorKind::kSystem},
+            {"system", ErrorKind::kSystem},     {"aborted", ErrorKind::kAborted},
         };
         for (const auto& [name, kind] : kKinds) {
           if (kind_name == name) {

@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings/registry.h"
+#include "bindings/signals.h"
 #include "common/errors.h"
 
 namespace py = pybind11;
@@ -28,6 +29,8 @@ const char* python_class_for(ErrorKind kind) {
       return "BootstrapError";
     case ErrorKind::kSystem:
       return "SystemResourceError";
+    case ErrorKind::kAborted:
+      return "CommAbortedError";
     case ErrorKind::kInternal:
       break;
   }
@@ -41,6 +44,8 @@ void register_errors(py::module_& m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
+      // NOTE [interrupting waits]: a wait cut short by a signal handler raises what it raised.
+      if (e.kind() == ErrorKind::kAborted && restore_signal_error()) return;
       // overlap.errors is pure Python and imported before _C is used.
       py::object cls = py::module_::import("overlap.errors").attr(python_class_for(e.kind()));
       py::set_error(cls, e.what());

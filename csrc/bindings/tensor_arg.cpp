@@ -1,5 +1,6 @@
 #include "bindings/tensor_arg.h"
 
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -85,6 +86,61 @@ std::optional<TensorRef> optional_tensor_ref_from_py(py::handle obj, const char*
   return tensor_ref_from_py(obj, what);
 }
 
+namespace {
+
+// The device of a tensor: its CUDA ordinal, or -1 on the cpu (kInvalidArgument otherwise).
+int device_from_py(py::handle obj, const char* what) {
+  const int fast = fast_cuda_device(obj);
+  if (fast >= 0) return fast;
+  py::object device = obj.attr("device");
+  const std::string type = device.attr("type").cast<std::string>();
+  if (type == "cuda") {
+    py::object index = device.attr("index");
+    return index.is_none() ? 0 : index.cast<int>();
+  }
+  OVERLAP_CHECK_ARG(type == "cpu", what << ": tensors must be on cpu or cuda, got " << type);
+  return -1;
+}
+
+}  // namespace
+
+TensorRef tensor_bytes_from_py(py::handle obj, const char* what, std::uint64_t* type) {
+  static PyObject* const kDataPtr = intern("data_ptr");
+  static PyObject* const kStride = intern("stride");
+  static PyObject* const kDtype = intern("dtype");
+  static PyObject* const kShape = intern("shape");
+  static PyObject* const kElementSize = intern("element_size");
+  OVERLAP_CHECK_ARG(
+      PyObject_HasAttr(obj.ptr(), kDataPtr) && PyObject_HasAttr(obj.ptr(), kStride) &&
+          PyObject_HasAttr(obj.ptr(), kElementSize),
+      what << ": expected a tensor, got " << py::str(py::type::of(obj)).cast<std::string>());
+  const std::string dtype = py::str(get_attr(obj, kDtype)).cast<std::string>();
+  TensorRef elements;  // shape and strides in elements; its dtype is not used
+  for (py::handle d : get_attr(obj, kShape)) elements.shape.push_back(d.cast<std::int64_t>());
+  for (py::handle s : get_attr(obj, kStride)()) elements.strides.push_back(s.cast<std::int64_t>());
+  if (!elements.is_contiguous()) {
+    std::ostringstream shape;
+    for (std::size_t i = 0; i < elements.shape.size(); ++i) {
+      shape << (i ? ", " : "") << elements.shape[i];
+    }
+    OVERLAP_THROW(kInvalidArgument, what << " must be contiguous, got " << dtype << "["
+                                         << shape.str()
+                                         << "] with non-contiguous strides; call .contiguous()");
+  }
+  const auto itemsize = get_attr(obj, kElementSize)().cast<std::int64_t>();
+  TensorRef t;
+  t.data = reinterpret_cast<void*>(get_attr(obj, kDataPtr)().cast<std::uintptr_t>());
+  t.dtype = DType::kUInt8;
+  t.shape = {elements.numel() * itemsize};
+  t.strides = {1};
+  t.device = device_from_py(obj, what);
+  // FNV-1a of the dtype's name: the same on every rank for one dtype.
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : dtype) h = (h ^ c) * 1099511628211ull;
+  *type = h;
+  return t;
+}
+
 TensorRef tensor_ref_from_py(py::handle obj, const char* what) {
   // NOTE [tensor conversion cost].
   static PyObject* const kDataPtr = intern("data_ptr");
@@ -99,17 +155,7 @@ TensorRef tensor_ref_from_py(py::handle obj, const char* what) {
   t.dtype = dtype_from_py(get_attr(obj, kDtype), what);
   for (py::handle d : get_attr(obj, kShape)) t.shape.push_back(d.cast<std::int64_t>());
   for (py::handle s : get_attr(obj, kStride)()) t.strides.push_back(s.cast<std::int64_t>());
-  t.device = fast_cuda_device(obj);
-  if (t.device >= 0) return t;
-  py::object device = obj.attr("device");
-  const std::string type = device.attr("type").cast<std::string>();
-  if (type == "cuda") {
-    py::object index = device.attr("index");
-    t.device = index.is_none() ? 0 : index.cast<int>();
-  } else {
-    OVERLAP_CHECK_ARG(type == "cpu", what << ": tensors must be on cpu or cuda, got " << type);
-    t.device = -1;
-  }
+  t.device = device_from_py(obj, what);
   return t;
 }
 

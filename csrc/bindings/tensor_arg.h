@@ -4,6 +4,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <optional>
 
 #include "common/stream.h"
@@ -13,6 +14,13 @@ namespace overlap::bindings {
 
 // `what` names the argument in error messages ("amax input").
 TensorRef tensor_ref_from_py(pybind11::handle obj, const char* what);
+
+// NOTE [gather dtypes]: the gathers move bytes, so they take a tensor of ANY dtype (int64,
+// bool, complex64, ... which the core's DType does not name) as a uint8 view of its bytes
+// (TensorRef of shape [nbytes]), and `*type` receives a 64-bit identity of its dtype (a hash of
+// its name) for the op record, so that ranks gathering different types of one size still get
+// a mismatch. Throws kInvalidArgument unless it is a contiguous tensor on the cpu or cuda.
+TensorRef tensor_bytes_from_py(pybind11::handle obj, const char* what, std::uint64_t* type);
 
 // None -> nullopt; anything else as tensor_ref_from_py.
 std::optional<TensorRef> optional_tensor_ref_from_py(pybind11::handle obj, const char* what);

@@ -183,7 +183,7 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
       OVERLAP_CHECK_ARG(disjoint || span == 0 || b.chunk_bytes == 0,
                         "all_gather: parts " << q << " and " << p << " overlap in the buffer");
     }
-    arg = mix_arg(mix_arg(mix_arg(arg, a.offset), a.chunk_bytes), std::uint64_t(a.dtype));
+    arg = mix_arg(mix_arg(mix_arg(arg, a.offset), a.chunk_bytes), a.type);
   }
   // Pushes only write peers' regions (no peer reads ours); all acknowledgements are awaited
   // up front in one handshake all the same (NOTE [gather handshakes]). Pulls and pushes do
@@ -200,8 +200,8 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
 }
 
 void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes,
-                cudaStream_t stream, DType dtype) {
-  all_gather_parts(buf, {GatherPart{input, 0, chunk_bytes, dtype}}, stream);
+                cudaStream_t stream, std::uint64_t type) {
+  all_gather_parts(buf, {GatherPart{input, 0, chunk_bytes, type}}, stream);
 }
 
 // Timeline of rank r: begin_op | publish own partials (all chunks) in own region, signal

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "comm/symmetric_buffer.h"
@@ -21,9 +22,10 @@
 namespace overlap::comm {
 
 // Gathers `chunk_bytes` from `input` of every rank into the data region of every rank:
-// rank r's chunk lands at data + r * chunk_bytes. `input` may be the rank's own slot.
+// rank r's chunk lands at data + r * chunk_bytes. `input` may be the rank's own slot. `type`:
+// as GatherPart::type.
 void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes,
-                cudaStream_t stream, DType dtype = DType::kUInt8);
+                cudaStream_t stream, std::uint64_t type = 0);
 
 // One part of a multi-part all-gather: rank r's `chunk_bytes` from `input` land at
 // data + offset + r * chunk_bytes of every rank (parts must not overlap).
@@ -31,10 +33,12 @@ struct GatherPart {
   const void* input;
   std::size_t offset;
   std::size_t chunk_bytes;
-  // The element type of `input`: part of the op record (NOTE [op records] in op_protocol.cpp),
-  // so ranks that gather different types of one size get a mismatch instead of each other's
-  // bits reinterpreted.
-  DType dtype = DType::kUInt8;
+  // An identity of the element type of `input` (any value the ranks agree on for one type:
+  // the bindings hash the framework dtype's name, NOTE [gather dtypes] in
+  // bindings/tensor_arg.h): part of the op record (NOTE [op records] in op_protocol.cpp), so
+  // ranks that gather different types of one size get a mismatch instead of each other's
+  // bits reinterpreted. The gather itself moves bytes, whatever the type.
+  std::uint64_t type = 0;
 };
 
 // Gathers several parts in one op (one barrier, one signal per peer): e.g. a quantized

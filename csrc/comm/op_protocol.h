@@ -56,10 +56,12 @@ void wait_ack(SymmetricBuffer& buf, std::uint64_t epoch, int peer, const char* o
 // that escapes it after the op took an epoch (in begin_op, from where the peers count on this
 // rank) fails the buffer's transport before it propagates: the record check's mismatch, a
 // timeout, any error in the middle of the op. Errors raised before begin_op (bad arguments)
-// fail nothing, so a rejected call leaves the buffer usable. Every op's entry point in the
-// binding layer runs in it.
+// fail nothing, so a rejected call leaves the buffer usable. The op holds a Use of the buffer
+// throughout (NOTE [destroy while in use] in symmetric_buffer.h). Every op's entry point in
+// the binding layer runs in it.
 template <typename Op>
 void run_op(SymmetricBuffer& buf, Op&& op) {
+  const SymmetricBuffer::Use use(buf, "op");
   const std::uint64_t before = buf.epoch();
   try {
     std::forward<Op>(op)();

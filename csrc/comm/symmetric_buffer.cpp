@@ -1,5 +1,6 @@
 #include "comm/symmetric_buffer.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "common/errors.h"
@@ -11,8 +12,8 @@ const char* kEnvelope = "overlap-symbuf-v1";
 }  // namespace
 
 static_assert(SymmetricBuffer::kMaxRanks * SymmetricBuffer::kNumSlots * sizeof(std::uint64_t) <=
-                  kFlagBytes,
-              "flag slots must fit in the flag area");
+                  kCookieOffset,
+              "flag slots must fit in the flag area, before the cookie (NOTE [segment cookies])");
 
 SymmetricBuffer::SymmetricBuffer(std::shared_ptr<Transport> transport, int rank, int size,
                                  std::size_t bytes, const std::string& tag, double timeout_s)
@@ -31,7 +32,7 @@ SymmetricBuffer::SymmetricBuffer(std::shared_ptr<Transport> transport, int rank,
 }
 
 SymmetricBuffer::~SymmetricBuffer() {
-  destroy();
+  release();  // no op can be in progress: every op holds a reference to the buffer
 }
 
 void SymmetricBuffer::set_timeout_s(double timeout_s) {
@@ -97,15 +98,75 @@ void SymmetricBuffer::connect(const std::vector<std::string>& handles) {
 void SymmetricBuffer::finish_rendezvous() {
   OVERLAP_CHECK(state_ == State::kConnected, kState, "finish_rendezvous() needs connect() first");
   local_->on_all_peers_mapped();
+  // NOTE [poisoned flags] in fault.h: the flags this rank signals in its peers' regions and
+  // the ones its peers signal in its own.
+  std::vector<std::uint64_t*> outgoing;
+  std::vector<std::pair<int, const std::uint64_t*>> incoming;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    for (FlagSlot slot : {FlagSlot::kAck, FlagSlot::kData}) {
+      outgoing.push_back(flag(peer, rank_, slot));
+      incoming.emplace_back(peer, flag(rank_, peer, slot));
+    }
+  }
+  transport_->flag_registry().add(this, std::move(outgoing), std::move(incoming));
+  registered_ = true;
   state_ = State::kReady;
 }
 
-void SymmetricBuffer::destroy() noexcept {
-  if (state_ == State::kDestroyed) return;
+SymmetricBuffer::Use::Use(SymmetricBuffer& buf, const char* what) : buf_(buf) {
+  std::lock_guard<std::mutex> lock(buf.use_mu_);
+  OVERLAP_CHECK(!buf.closing_, kState, what << ": the symmetric buffer is destroyed");
+  buf.users_.push_back(std::this_thread::get_id());
+}
+
+SymmetricBuffer::Use::~Use() {
+  std::lock_guard<std::mutex> lock(buf_.use_mu_);
+  const auto me = std::find(buf_.users_.begin(), buf_.users_.end(), std::this_thread::get_id());
+  if (me != buf_.users_.end()) buf_.users_.erase(me);
+  buf_.use_cv_.notify_all();
+}
+
+void SymmetricBuffer::destroy() {
+  std::unique_lock<std::mutex> lock(use_mu_);
+  const bool mine =
+      std::find(users_.begin(), users_.end(), std::this_thread::get_id()) != users_.end();
+  OVERLAP_CHECK(!mine, kState,
+                "destroy() of a symmetric buffer from inside an op on the same buffer and thread "
+                "(e.g. a signal handler run while the op waited) would wait for itself; call "
+                "Communicator.abort() there instead, and destroy once the op has raised");
+  if (closing_) {  // another thread destroys it: wait until it has
+    use_cv_.wait(lock, [this] { return state_.load() == State::kDestroyed; });
+    return;
+  }
+  closing_ = true;
+  // Ops in progress on other threads leave by their deadline, or at once after an abort.
+  use_cv_.wait(lock, [this] { return users_.empty(); });
+  lock.unlock();
+  release();
+  lock.lock();
+  use_cv_.notify_all();
+}
+
+void SymmetricBuffer::release() noexcept {
+  if (state_.load() == State::kDestroyed) return;
+  try {
+    // NOTE [destroy while in use]: what the ops queued finishes before the memory goes.
+    if (local_ != nullptr) transport_->quiesce();
+    if (registered_) {
+      // NOTE [poisoned flags]: a failed (or aborted) transport poisons this buffer's flags
+      // before they go, even where no thread has looked since (failed() records the fault).
+      if (transport_->failed()) transport_->flag_registry().poison_outgoing(this);
+      transport_->flag_registry().remove(this);
+      registered_ = false;
+    }
+    transport_->forget_ops(this);
+  } catch (const std::exception& e) {
+    OVERLAP_WARN("destroying a symmetric buffer: " << e.what());
+  }
   state_ = State::kDestroyed;
   // Reverse order of acquisition: peer mappings, then the local region.
   try {
-    transport_->forget_ops(this);
     for (auto it = peers_.rbegin(); it != peers_.rend(); ++it) it->reset();
     local_.reset();
   } catch (const std::exception& e) {

@@ -5,7 +5,8 @@
 //   2. local_handle()   bytes describing the local region -> exchanged by the bootstrap
 //   3. connect(all)     COLLECTIVE: checks every rank asked for the same size, maps the peers
 //   4. (bootstrap barrier) then finish_rendezvous(): names unlinked, the buffer is ready
-//   5. destroy()        idempotent; unmaps peers, then frees the local region (reverse order)
+//   5. destroy()        idempotent; waits for ops in flight on other threads, then unmaps
+//                       peers and frees the local region (reverse order)
 //
 // Each rank's region has a data part (`bytes`) and a flag part (kFlagBytes: kMaxRanks x
 // kNumSlots uint64). flag(owner, src, slot) lives in `owner`'s flags and is written only by
@@ -15,12 +16,28 @@
 // the buffer (a DLPack tensor) keeps its memory alive: destroy() drops the buffer's own
 // references, and the memory goes when the last view does. A view's contents are only
 // defined until the next op on the buffer (invariant 2: never save one for backward).
+//
+// NOTE [destroy while in use]: an op may be in progress on one thread (waiting for a peer on
+// the host transport, or issuing on cuda) while another thread destroys the buffer or its
+// communicator; freeing the memory then made the op's next read a segfault. So every op holds
+// a Use of its buffer (run_op, and the bindings' views and copies), and destroy() refuses new
+// Uses, waits until the ones in progress have left (an op leaves by its deadline, or within
+// microseconds once the communicator is aborted: NOTE [abort] in fault.h), makes the device
+// finish what the ops queued (Transport::quiesce: a drained op still writes into the peers'
+// memory and flags) and only then unmaps and frees. destroy() from inside an op of the buffer
+// on the same thread (a signal handler run by an interrupted wait, NOTE [interrupting waits])
+// could never wait for itself: it raises kState instead. Verdict: destroy waits, never frees
+// memory in use; abort() first to make it prompt.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/transport.h"
@@ -69,10 +86,25 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   std::string local_handle() const;
   void connect(const std::vector<std::string>& handles);
   void finish_rendezvous();
-  void destroy() noexcept;
+  // NOTE [destroy while in use]. Idempotent. Throws kState when called from inside an op of
+  // this buffer on the calling thread.
+  void destroy();
 
-  bool ready() const { return state_ == State::kReady; }
-  bool destroyed() const { return state_ == State::kDestroyed; }
+  // NOTE [destroy while in use]: held by every op for its whole run (run_op).
+  class Use {
+   public:
+    // Throws kState once destroy() has begun (`what` names the caller).
+    Use(SymmetricBuffer& buf, const char* what);
+    ~Use();
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    SymmetricBuffer& buf_;
+  };
+
+  bool ready() const { return state_.load() == State::kReady; }
+  bool destroyed() const { return state_.load() == State::kDestroyed; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::size_t bytes() const { return bytes_; }
@@ -147,6 +179,8 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
  private:
   enum class State { kCreated, kConnected, kReady, kDestroyed };
   void check_peer(int peer) const;
+  // Frees everything once no op uses the buffer (destroy(), the destructor). Never throws.
+  void release() noexcept;
 
   std::shared_ptr<Transport> transport_;
   int rank_;
@@ -159,7 +193,14 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   bool serial_puts_ = true;
   int sm_percent_ = 0;
   int sm_blocks_ = 0;
-  State state_ = State::kCreated;
+  std::atomic<State> state_{State::kCreated};
+  // NOTE [destroy while in use]: the threads inside an op of this buffer, and whether
+  // destroy() has begun.
+  std::mutex use_mu_;
+  std::condition_variable use_cv_;
+  std::vector<std::thread::id> users_;
+  bool closing_ = false;
+  bool registered_ = false;  // its flags are in the transport's FlagRegistry
   std::uint64_t epoch_ = 0;
   bool peers_read_last_op_ = true;
   std::uint64_t acked_epoch_ = 0;

@@ -16,6 +16,7 @@
 // are written only by signal() and read only by wait(); their values (epochs) only grow.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -23,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/fault.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/stream.h"
@@ -91,9 +93,21 @@ struct Handshake {
 
 // Bytes of the flag part of every region: 64 ranks x 4 slots x uint64, one 4 KiB page.
 constexpr std::size_t kFlagBytes = 4096;
+// NOTE [segment cookies]: the last kCookieBytes of a region's flag part hold a random cookie
+// that the region's creator writes there and exports in its handle (which travels through the
+// bootstrap, never through the file system). A peer that maps the region compares the two and
+// refuses a region whose cookie differs: a segment of that name that another process created
+// (or replaced), or one left over from an earlier job. The slots end long before it
+// (symmetric_buffer.cpp). Verdict: a cookie per region, checked by every peer.
+constexpr std::size_t kCookieBytes = 16;
+constexpr std::size_t kCookieOffset = kFlagBytes - kCookieBytes;
 
 // "all_gather: rank 1 timed out after 60 s waiting for peer 2 at step 1 (epoch 7, ...)".
 std::string describe_timeout(const WaitContext& ctx, std::uint64_t seen, std::uint64_t wanted);
+// A wait for `wanted` satisfied only by the failed peer's poison (NOTE [poisoned flags]):
+// "all_gather: rank 1 stopped waiting for peer 2 at step 1 (epoch 7): peer 2's communicator
+// failed before it got there (...)".
+std::string describe_peer_failure(const WaitContext& ctx, std::uint64_t seen, std::uint64_t wanted);
 
 // Memory this rank allocated and can share with peers. Owned; freed by the destructor.
 class LocalRegion {
@@ -126,17 +140,22 @@ class PeerMapping {
 // wait of the next op, which would then read another op's data. So the first such fault fails
 // the whole transport (one per communicator, shared by all its buffers): from then on every op
 // on any of its buffers raises at once, with the fault's kind (a timeout stays a timeout) and
-// its message, until the communicator and its buffers are destroyed and created anew. Faults
-// found before an op takes its epoch (bad arguments, a buffer not ready) fail nothing: the
-// peers never saw the op. Verdict: fail the transport, never try to resynchronise epochs.
+// its message, until the communicator and its buffers are destroyed and created anew. Every
+// wait in progress on this rank stops too (NOTE [abort]), and the peers learn of it through
+// their flags (NOTE [poisoned flags] in fault.h): a peer's failure fails this transport at its
+// next look. Faults found before an op takes its epoch (bad arguments, a buffer not ready)
+// fail nothing: the peers never saw the op. Verdict: fail the transport, never try to
+// resynchronise epochs.
 class Transport {
  public:
+  Transport();
   virtual ~Transport() = default;
   virtual TransportKind kind() const = 0;
   // The CUDA device whose memory this transport shares; -1 for host memory.
   virtual int device() const { return -1; }
 
-  // `tag` makes names unique per job, group and buffer. `bytes` is the data part's size.
+  // `tag` names the region (NOTE [shm names] in overlap/comm/communicator.py: random per job
+  // and buffer). `bytes` is the data part's size.
   virtual std::unique_ptr<LocalRegion> allocate(std::size_t bytes, const std::string& tag) = 0;
   virtual std::unique_ptr<PeerMapping> map_peer(const std::string& handle) = 0;
 
@@ -157,7 +176,10 @@ class Transport {
   virtual void signal(std::uint64_t* flag, std::uint64_t value, cudaStream_t stream, int lane) = 0;
   // Block (host) or make the lane wait (cuda) until *flag >= value. A wait that has not been
   // satisfied ctx.timeout_s after it started raises kTimeout naming `ctx`: at once on host,
-  // on cuda at the next call that checks (see raise_if_failed), with the lane released.
+  // on cuda at the next call that checks (see raise_if_failed), with the lane released. A
+  // wait satisfied only by a failed peer's poison (NOTE [poisoned flags]) raises kTimeout
+  // naming the peer, and one in progress when the transport fails or is aborted stops with
+  // the fault (NOTE [abort]).
   virtual void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx,
                     cudaStream_t stream, int lane) = 0;
   // NOTE [handshakes]: in order on `lane`. The default runs it as put/signal/wait calls.
@@ -191,18 +213,45 @@ class Transport {
   // op shares it (NOTE [one marker per op] in comm/cuda/watchdog.h). A no-op on the host
   // transport.
   virtual void op_begun(cudaStream_t /*stream*/) {}
-  // Make the host wait for everything issued on `stream`, then raise_if_failed().
+  // Make the host wait for everything issued on `stream`, then raise_if_failed(). Stops
+  // waiting, and raises, once the transport fails or is aborted, or a signal handler raises
+  // (NOTE [interrupting waits] in fault.h).
   virtual void synchronize(cudaStream_t stream) = 0;
+  // Make the host wait until nothing queued by this transport still runs (cuda: the device
+  // is idle), before a buffer's memory goes (NOTE [destroy while in use] in
+  // symmetric_buffer.h). Never throws; a no-op on the host transport.
+  virtual void quiesce() noexcept {}
+
   // NOTE [failed transport]. fail() records a fault; the first one wins, later ones are
   // ignored. Thread-safe, never throws.
   void fail(ErrorKind kind, const std::string& message) noexcept;
-  // Whether a fault was recorded (on cuda, also a wait that the watchdog timed out).
+  // NOTE [abort]: fails the transport with kAborted and stops every wait of it on this rank.
+  // Only stores atomics: callable from any thread and from a signal handler.
+  void abort() noexcept;
+  // Whether waits must stop: the transport failed or abort() was called (lock-free).
+  bool stopping() const noexcept {
+    return failed_fast_.load(std::memory_order_acquire) ||
+           abort_requested_.load(std::memory_order_acquire);
+  }
+  // Whether a fault was recorded (on cuda, also a wait that the watchdog timed out; on both,
+  // a peer whose flags carry the poison mark: NOTE [poisoned flags]).
   bool failed() const;
   // The first fault's message ("" while the transport works).
   std::string failure() const;
   // Throws the first fault again, with its kind, naming it and what to do; a no-op while the
   // transport works. Every op calls it before it takes an epoch.
   void raise_if_failed() const;
+  // For a wait (`ctx`) that found stopping(): throws the fault that stopped it, naming the wait.
+  [[noreturn]] void raise_stopped(const WaitContext& ctx) const;
+  // For a wait for `value` that read `seen`, satisfied only by a failed peer's poison (NOTE
+  // [poisoned flags]): fails the transport and throws kTimeout naming the wait and the peer.
+  [[noreturn]] void raise_peer_failed(const WaitContext& ctx, std::uint64_t seen,
+                                      std::uint64_t value);
+  // For a wait (`ctx`) whose interrupt check fired (NOTE [interrupting waits]): aborts the
+  // transport and throws kAborted.
+  [[noreturn]] void raise_interrupted(const WaitContext& ctx);
+  // The flags of this transport's live buffers (NOTE [poisoned flags]).
+  FlagRegistry& flag_registry() const { return *flags_; }
   // Whether `stream` can be used by ops right now (cuda: not capturing a graph, or capturing
   // one with a graph log; NOTE [graph capture] in comm/cuda/graph_log.h). Throws kUnsupported
   // with a reason if not.
@@ -211,12 +260,27 @@ class Transport {
   virtual bool capturing(cudaStream_t /*stream*/) const { return false; }
 
  protected:
-  // Faults found asynchronously (cuda: a wait the watchdog timed out) are recorded here by
-  // the transport when failed() or raise_if_failed() looks (record_fault; first one wins).
-  virtual void poll_faults() const {}
+  // Faults found asynchronously (cuda: a wait the watchdog timed out, or found satisfied by a
+  // peer's poison) are recorded here by the transport when failed() or raise_if_failed()
+  // looks (record_fault; first one wins).
+  virtual void poll_async_faults() const {}
+  // Called once, by the thread that recorded the first fault, after it has poisoned the
+  // outgoing flags (cuda: the watchdog releases every pending wait). Must not throw.
+  virtual void on_failed() const noexcept {}
+  // Called by abort(); must only store atomics (NOTE [abort]).
+  virtual void on_abort() noexcept {}
   void record_fault(ErrorKind kind, const std::string& message) const noexcept;
+  // The shared registry, for the cuda watchdog's re-poisoning (NOTE [poisoned flags]).
+  const std::shared_ptr<FlagRegistry>& flag_registry_ptr() const { return flags_; }
 
  private:
+  // Records the faults that are found by looking: asynchronous ones, an abort and, with
+  // `peers`, a peer's poison (not when a synchronous fault is being recorded: it comes first).
+  void poll_faults(bool peers) const noexcept;
+
+  std::shared_ptr<FlagRegistry> flags_;
+  std::atomic<bool> abort_requested_{false};
+  mutable std::atomic<bool> failed_fast_{false};
   // Mutable: poll_faults() records asynchronous faults from the const accessors.
   mutable std::mutex fault_mu_;
   mutable bool failed_ = false;

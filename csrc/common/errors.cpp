@@ -27,6 +27,8 @@ const char* error_kind_name(ErrorKind kind) {
       return "bootstrap";
     case ErrorKind::kSystem:
       return "system";
+    case ErrorKind::kAborted:
+      return "aborted";
   }
   return "unknown";
 }

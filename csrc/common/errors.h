@@ -24,6 +24,7 @@ enum class ErrorKind {
   kCuda,             // a CUDA runtime / driver / cuBLAS call failed
   kBootstrap,        // ranks disagree during a collective rendezvous
   kSystem,           // an OS call failed (shm_open, mmap, ...)
+  kAborted,          // a wait was cut short: the communicator was aborted or interrupted
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -51,7 +51,7 @@ class Bootstrap(abc.ABC):
 
     def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
         """Collective: ``root``'s ``data`` on every rank (other ranks pass ``None``)."""
-        if not 0 <= root < self.size:
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
             raise ConfigError(f"broadcast root {root} outside group of size {self.size}")
         if self.rank == root and data is None:
             raise ConfigError("broadcast_bytes: the root must pass bytes, not None")
@@ -74,6 +74,10 @@ class MPIBootstrap(Bootstrap):
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD
+        if not (hasattr(comm, "Get_rank") and hasattr(comm, "allgather")):
+            raise ConfigError(
+                f"MPIBootstrap needs an mpi4py communicator, got {type(comm).__name__}"
+            )
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -85,6 +89,8 @@ class MPIBootstrap(Bootstrap):
         self.comm.Barrier()
 
     def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
+            raise ConfigError(f"broadcast root {root!r} outside group of size {self.size}")
         if self.rank == root and data is None:
             raise ConfigError("broadcast_bytes: the root must pass bytes, not None")
         return bytes(self.comm.bcast(data, root=root))
@@ -115,15 +121,23 @@ class TorchBootstrap(Bootstrap):
                 "TorchBootstrap needs torch.distributed to be initialised first "
                 "(overlap.launch.init_torch_distributed does it under mpirun or torchrun)"
             )
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise ConfigError(
+                f"TorchBootstrap needs a torch.distributed ProcessGroup, got {type(group).__name__}"
+            )
         self._dist = dist
         self.group = group if group is not None else dist.group.WORLD
         group_rank = dist.get_rank(self.group)
         if group_rank < 0:
             raise ConfigError("TorchBootstrap: this process is not a member of the given group")
         self.size = dist.get_world_size(self.group)
-        self._order = list(range(self.size)) if order is None else list(order)
-        if sorted(self._order) != list(range(self.size)):
-            raise ConfigError(f"order {order} is not a permutation of range({self.size})")
+        try:
+            self._order = list(range(self.size)) if order is None else list(order)
+            valid = sorted(self._order) == list(range(self.size))
+        except TypeError:
+            valid = False
+        if not valid:
+            raise ConfigError(f"order {order!r:.60} is not a permutation of range({self.size})")
         self.rank = self._order.index(group_rank)
 
     def allgather_bytes(self, data: bytes) -> list[bytes]:
@@ -157,6 +171,10 @@ def tp_subgroup(world: Bootstrap, tp_size: int) -> Bootstrap:
         ConfigError: ``tp_size`` is not positive or does not divide the world size. Raised on
             every rank before any communication, so no rank is left waiting.
     """
+    if not isinstance(world, Bootstrap):
+        raise ConfigError(f"tp_subgroup needs a Bootstrap, got {type(world).__name__}")
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int):
+        raise ConfigError(f"TP size must be an int, got {tp_size!r:.40}")
     if tp_size < 1 or world.size % tp_size != 0:
         raise ConfigError(
             f"TP size {tp_size} must be a positive divisor of the world size {world.size}; "
@@ -183,7 +201,10 @@ def check_single_host(group: Bootstrap, what: str = "this group") -> None:
 
     Raises:
         BootstrapError: the ranks are on more than one host.
+        ConfigError: ``group`` is not a :class:`Bootstrap`.
     """
+    if not isinstance(group, Bootstrap):
+        raise ConfigError(f"check_single_host needs a Bootstrap, got {type(group).__name__}")
     ids = [b.decode() for b in group.allgather_bytes(host_id().encode())]
     if len(set(ids)) > 1:
         by_host: dict[str, list[int]] = {}

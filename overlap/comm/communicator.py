@@ -18,22 +18,27 @@ out of step with its peers'. The communicator is then failed (:attr:`Communicato
 every later op on any of its buffers raises at once, with the first fault's class and message
 (:attr:`Communicator.failure`), instead of waiting out another deadline or pairing with a
 peer's other op. Destroy the communicator and its buffers and create new ones. A call rejected
-before it communicates (a bad argument) fails nothing.
+before it communicates (a bad argument) fails nothing. :meth:`Communicator.abort` fails it on
+purpose and ends every wait at once (NOTE [abort] in ``csrc/comm/fault.h``), and Ctrl-C during
+a wait does the same, raising ``KeyboardInterrupt`` (NOTE [interrupting waits]); the peers of a
+failed communicator fail too, through their flags (NOTE [poisoned flags]).
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import itertools
-import os
+import operator
 import secrets
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from overlap import errors
 from overlap._native import native
+from overlap.comm._setup import Deadline, DeadlineGroup, run_collective
 from overlap.comm.bootstrap import Bootstrap, check_single_host
 from overlap.env import check_timeout_s, settings
 from overlap.errors import BootstrapError, ConfigError, InvalidArgumentError, OverlapError
@@ -102,6 +107,57 @@ def tensor_extent(t: torch.Tensor) -> tuple[int, int]:
     return (t.data_ptr(), t.data_ptr() + span * t.element_size())
 
 
+def _as_int(value: object, what: str, error: type[OverlapError] = InvalidArgumentError) -> int:
+    """``value`` as an int (bools and floats refused: no silent truncation), else ``error``."""
+    if isinstance(value, bool):
+        raise error(f"{what} must be an int, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise error(f"{what} must be an int, got {type(value).__name__} {value!r:.40}") from None
+
+
+def _as_bool(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} must be True or False, got {value!r:.40}")
+    return value
+
+
+def _as_tensor(value: object, what: str) -> torch.Tensor:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise InvalidArgumentError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _as_dtype(value: object) -> torch.dtype:
+    """A torch dtype, or its name ("bfloat16", "torch.bfloat16")."""
+    import torch
+
+    if isinstance(value, str):
+        found = getattr(torch, value.removeprefix("torch."), None)
+        if isinstance(found, torch.dtype):
+            return found
+    if isinstance(value, torch.dtype):
+        return value
+    raise InvalidArgumentError(f"dtype must be a torch.dtype or its name, got {value!r:.40}")
+
+
+def _as_shape(value: object) -> tuple[int, ...]:
+    """A shape: an int, or a sequence of non-negative ints."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        dims: Iterable[object] = (value,)
+    elif isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        dims = value
+    else:
+        raise InvalidArgumentError(f"view shape must be a sequence of ints, got {value!r:.40}")
+    shape = tuple(_as_int(d, "a view shape's dimension") for d in dims)
+    if any(d < 0 for d in shape):
+        raise InvalidArgumentError(f"view shape {shape} has a negative dimension")
+    return shape
+
+
 class SymmetricBuffer:
     """One region per rank of a group, each rank mapping all of them. Create it with
     :meth:`Communicator.create_buffer`; free it with :meth:`destroy` (idempotent).
@@ -168,6 +224,7 @@ class SymmetricBuffer:
     def check_current(self, generation: int, what: str) -> None:
         """Raise :class:`~overlap.errors.StateError` unless the buffer is live and still at
         ``generation`` (``what`` names the reader in the message)."""
+        _as_int(generation, "generation")
         if self.destroyed:
             raise errors.StateError(f"{what}: buffer {self.name!r} was destroyed")
         now = self.generation
@@ -208,7 +265,7 @@ class SymmetricBuffer:
 
     def overlaps(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s elements lie (partly) in one of this buffer's regions."""
-        lo, hi = tensor_extent(t)
+        lo, hi = tensor_extent(_as_tensor(t, "overlaps()'s argument"))
         return lo < hi and any(lo < end and start < hi for start, end in self.address_ranges)
 
     @property
@@ -236,7 +293,7 @@ class SymmetricBuffer:
 
     @put_split.setter
     def put_split(self, split: int) -> None:
-        self._core.put_split = int(split)
+        self._core.put_split = _as_int(split, "put_split", ConfigError)
 
     @property
     def pull_gather(self) -> bool:
@@ -246,7 +303,7 @@ class SymmetricBuffer:
 
     @pull_gather.setter
     def pull_gather(self, pull: bool) -> None:
-        self._core.pull_gather = bool(pull)
+        self._core.pull_gather = _as_bool(pull, "pull_gather")
 
     @property
     def serial_puts(self) -> bool:
@@ -258,7 +315,7 @@ class SymmetricBuffer:
 
     @serial_puts.setter
     def serial_puts(self, serial: bool) -> None:
-        self._core.serial_puts = bool(serial)
+        self._core.serial_puts = _as_bool(serial, "serial_puts")
 
     @property
     def sm_share(self) -> tuple[int, int]:
@@ -271,8 +328,13 @@ class SymmetricBuffer:
 
     @sm_share.setter
     def sm_share(self, share: tuple[int, int]) -> None:
+        if not isinstance(share, (tuple, list)) or len(share) != 2:
+            raise ConfigError(f"sm_share must be a (percent, blocks) pair, got {share!r:.40}")
         percent, blocks = share
-        self._core.set_sm_share(int(percent), int(blocks))
+        self._core.set_sm_share(
+            _as_int(percent, "sm_share's percent", ConfigError),
+            _as_int(blocks, "sm_share's blocks", ConfigError),
+        )
 
     def view(
         self,
@@ -285,7 +347,7 @@ class SymmetricBuffer:
         """A tensor aliasing bytes of a rank's data region, without a copy (DLPack).
 
         Args:
-            dtype: element type of the view (FP8 dtypes included).
+            dtype: element type of the view (FP8 dtypes included), or its name.
             shape: shape of the view; ``prod(shape) * dtype.itemsize`` bytes starting at
                 ``offset`` must lie inside the region, and ``offset`` must be a multiple of
                 the dtype's size.
@@ -299,9 +361,9 @@ class SymmetricBuffer:
         """
         import torch
 
-        shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise InvalidArgumentError(f"view shape {shape} has a negative dimension")
+        dtype = _as_dtype(dtype)
+        shape = _as_shape(shape)
+        offset = _as_int(offset, "view offset")
         itemsize = dtype.itemsize
         if offset < 0 or offset % itemsize:
             raise InvalidArgumentError(
@@ -316,7 +378,7 @@ class SymmetricBuffer:
                 f"view: bytes [{offset}, {offset + nbytes}) are outside the buffer's "
                 f"{self.nbytes} bytes"
             )
-        peer = self.rank if peer is None else peer
+        peer = self.rank if peer is None else _as_int(peer, "view peer")
         if not 0 <= peer < self.size:
             raise InvalidArgumentError(f"view: peer {peer} is outside a group of size {self.size}")
         capsule = self._core.view(peer, offset, nbytes)
@@ -354,7 +416,7 @@ class SymmetricBuffer:
         Beside a GEMM on another stream, which can hold every SM until it ends, use the bulk
         ops instead (:mod:`overlap.ops.bulk`), which need no SM while the GEMM runs.
         """
-        if getattr(input, "dim", lambda: 0)() == 0:
+        if _as_tensor(input, "all_gather input").dim() == 0:
             raise InvalidArgumentError("all_gather input must be a tensor of at least 1 dim")
         output = self._output_like(input, output, input.shape[0] * self.size)
         self._core.all_gather(input, stream=_stream_of(input))
@@ -373,10 +435,23 @@ class SymmetricBuffer:
         Read the result with :meth:`view`; it is valid until the next op on this buffer. The
         same op as :meth:`all_gather` (two handshake kernels on cuda).
         """
-        if not parts:
-            raise InvalidArgumentError("all_gather_into needs at least one (tensor, offset) part")
-        stream = _stream_of(parts[0][0])
-        self._core.all_gather_parts([(t, int(off)) for t, off in parts], stream=stream)
+        if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence) or not parts:
+            raise InvalidArgumentError(
+                "all_gather_into needs a non-empty list of (tensor, offset) parts, got "
+                f"{parts!r:.60}"
+            )
+        checked = []
+        for i, part in enumerate(parts):
+            if not isinstance(part, (tuple, list)) or len(part) != 2:
+                raise InvalidArgumentError(
+                    f"all_gather_into: part {i} must be a (tensor, offset) pair, got {part!r:.60}"
+                )
+            t = _as_tensor(part[0], f"all_gather_into: part {i}'s shard")
+            off = _as_int(part[1], f"all_gather_into: part {i}'s offset")
+            if off < 0:
+                raise InvalidArgumentError(f"all_gather_into: part {i}'s offset {off} is negative")
+            checked.append((t, off))
+        self._core.all_gather_parts(checked, stream=_stream_of(checked[0][0]))
 
     def reduce_scatter(
         self, input: torch.Tensor, output: torch.Tensor | None = None
@@ -401,7 +476,7 @@ class SymmetricBuffer:
             ``output`` = sum over ranks of their rows for this rank. Every rank sums in rank
             order, so the result does not depend on which rank computed it.
         """
-        if getattr(input, "dim", lambda: 0)() == 0 or input.shape[0] % self.size:
+        if _as_tensor(input, "reduce_scatter input").dim() == 0 or input.shape[0] % self.size:
             raise InvalidArgumentError(
                 f"reduce_scatter input of shape {tuple(input.shape)} must have a first "
                 f"dimension divisible by the group size {self.size}"
@@ -435,11 +510,10 @@ class SymmetricBuffer:
     ) -> torch.Tensor:
         import torch
 
-        if not isinstance(input, torch.Tensor):
-            raise InvalidArgumentError(f"expected a torch.Tensor, got {type(input).__name__}")
         shape = (rows, *input.shape[1:])
         if output is None:
             return torch.empty(shape, dtype=input.dtype, device=input.device)
+        _as_tensor(output, "output")
         if tuple(output.shape) != shape or output.dtype != input.dtype:
             raise InvalidArgumentError(
                 f"output must be {input.dtype} of shape {shape}, got {output.dtype} of shape "
@@ -456,15 +530,18 @@ class Communicator:
         transport: ``TransportKind.HOST`` (CPU tensors) or ``TransportKind.CUDA``.
         timeout_s: deadline of every wait in seconds (default ``OVERLAP_TIMEOUT_S``, 60 s), in
             ``(0, MAX_TIMEOUT_S]`` (:data:`overlap.env.MAX_TIMEOUT_S`, 1e6 s; finite: there is
-            no unbounded deadline).
+            no unbounded deadline); also the deadline of the collective set-up (this
+            constructor, :meth:`create_buffer`; NOTE [set-up deadlines] in ``_setup.py``).
         device: the CUDA device of this rank (cuda transport only; default: torch's current
             device). Tensors given to ops must live on it.
 
     Construction is COLLECTIVE over ``group``.
 
     Raises:
-        ConfigError: an unknown transport, a bad ``timeout_s`` or ``device``; raised before
-            anything collective happens.
+        ConfigError: an unknown transport, a bad ``group``, ``timeout_s`` or ``device``; raised
+            before anything collective happens.
+        CommTimeoutError: a peer did not take part within ``timeout_s``.
+        BootstrapError: the ranks span several hosts, or the bootstrap failed (a peer died).
     """
 
     def __init__(
@@ -475,22 +552,31 @@ class Communicator:
         timeout_s: float | None = None,
         device: int | None = None,
     ) -> None:
+        if not isinstance(group, Bootstrap):
+            raise ConfigError(
+                "group must be an overlap.comm.Bootstrap (TorchBootstrap(process_group), "
+                f"MPIBootstrap(mpi_comm), or a subclass), got {type(group).__name__}"
+            )
         try:
             self.transport = TransportKind(transport)
-        except ValueError:
+        except (ValueError, TypeError):
             raise ConfigError(
                 f"unknown transport {transport!r}; use one of {[t.value for t in TransportKind]}"
             ) from None
         self.timeout_s = settings().timeout_s if timeout_s is None else check_timeout_s(timeout_s)
         self.device = self._resolve_device(device)
         self.group = group
-        check_single_host(group, "a communicator's group")
-        # NOTE [shm names]: a token from rank 0 makes names unique per job and group.
-        token = secrets.token_hex(6) if group.rank == 0 else None
-        job = group.broadcast_bytes(
-            f"{token}-{os.getpid()}".encode() if token else None, root=0
-        ).decode()
-        self._tag = job
+        deadline = Deadline(self.timeout_s, "creating a communicator")
+        check_single_host(
+            DeadlineGroup(group, deadline, "the exchange of host ids"), "a communicator's group"
+        )
+        # NOTE [shm names]: rank 0 draws the job's tag and its naming key.
+        drawn = secrets.token_hex(8) + " " + secrets.token_hex(16) if group.rank == 0 else ""
+        got = run_collective(
+            lambda: group.allgather_bytes(drawn.encode()), group, deadline, "the exchange of names"
+        )
+        self._tag, key = got[0].decode().split(" ")
+        self._key = bytes.fromhex(key)
         self._counter = itertools.count()
         if self.transport is TransportKind.CUDA:
             self._core_transport = native().comm.make_cuda_transport(self.device)
@@ -505,6 +591,8 @@ class Communicator:
             if device is not None:
                 raise ConfigError("device= is only meaningful for the cuda transport")
             return -1
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
+            raise ConfigError(f"device must be a CUDA device ordinal (int), got {device!r}")
         from overlap._native import require_cuda
 
         require_cuda("the cuda transport")
@@ -519,10 +607,10 @@ class Communicator:
     @property
     def failed(self) -> bool:
         """Whether this communicator failed (NOTE [failed transport] in this module's
-        docstring): after a timeout, a collective mismatch or another error in the middle of
-        an op, every op on its buffers raises at once, naming :attr:`failure`, until the
-        communicator is destroyed and a new one created. On cuda a timed-out wait counts once
-        the watchdog has found it."""
+        docstring): after a timeout, a collective mismatch, an :meth:`abort` or another error
+        in the middle of an op, or once a peer's communicator failed, every op on its buffers
+        raises at once, naming :attr:`failure`, until the communicator is destroyed and a new
+        one created. On cuda a timed-out wait counts once the watchdog has found it."""
         return bool(self._core_transport.failed)
 
     @property
@@ -531,9 +619,25 @@ class Communicator:
         ``None`` while it works."""
         return str(self._core_transport.failure) if self.failed else None
 
+    def abort(self) -> None:
+        """Fail this communicator now and end every wait of it on this rank, like
+        ``ncclCommAbort`` (NOTE [abort] in ``csrc/comm/fault.h``).
+
+        Thread-safe and signal-safe: any thread may call it, a signal handler included. A wait
+        in progress, on the host or the GPU, ends within 100 ms: an op blocked on the host
+        transport raises :class:`~overlap.errors.CommAbortedError`, the cuda watchdog releases
+        the GPU's waits and :meth:`synchronize` raises. The communicator stays failed (every
+        later op raises at once); its peers fail through their flags (NOTE [poisoned flags]),
+        or at their deadline. :meth:`destroy` it (and its buffers) afterwards; that waits
+        for the ops it ended to return. Not collective; idempotent.
+        """
+        self._core_transport.abort()
+        self._core_transport.failed  # noqa: B018 -- records the fault and tells the peers now
+
     def synchronize(self) -> None:
         """Wait for this rank's current stream and raise any asynchronous failure (and the
-        communicator's failure, once :attr:`failed`)."""
+        communicator's failure, once :attr:`failed`). Ends early, raising, on :meth:`abort` or
+        when a signal handler raises (Ctrl-C)."""
         stream = 0
         if self.device >= 0:
             import torch
@@ -541,72 +645,128 @@ class Communicator:
             stream = torch.cuda.current_stream(self.device).cuda_stream
         self._core_transport.synchronize(stream=stream)
 
+    def _fail_setup(self, kind: str, message: str) -> None:
+        """NOTE [set-up deadlines]: a set-up exchange left the group out of step."""
+        self._core_transport.fail(kind, message)
+
     def create_buffer(self, nbytes: int, name: str = "") -> SymmetricBuffer:
         """COLLECTIVE: a symmetric buffer with ``nbytes`` of data per rank.
 
         Every rank takes part in the rendezvous even when its own request is refused, and
         every rank raises when any rank's is: a size that one rank rejects never leaves its
-        peers waiting. Nothing stays allocated after an error.
+        peers waiting. A peer that dies or hangs makes every live rank raise within the
+        communicator's ``timeout_s`` (NOTE [set-up deadlines] in ``_setup.py``). Nothing stays
+        allocated after an error, and nothing in ``/dev/shm``.
 
         Raises:
-            InvalidArgumentError: ``nbytes`` is not an int in ``[1, 2**48]`` on some rank.
+            InvalidArgumentError: ``nbytes`` is not an int in ``[1, 2**48]`` on some rank, or
+                ``name`` is not a str.
             SystemResourceError: some rank could not reserve the memory (the host transport
                 reserves its shared memory here, so a /dev/shm too small for the buffer is
                 reported now, never by a SIGBUS in a later op).
-            BootstrapError: ranks asked for different sizes, or a rank could not map a peer.
+            BootstrapError: ranks asked for different sizes, a rank could not map a peer (or
+                refused a segment its peer did not create: NOTE [segment cookies]), or the
+                bootstrap failed (a peer died: the communicator is then failed).
+            CommTimeoutError: a peer did not take part within ``timeout_s`` (the communicator
+                is then failed).
             OverlapError: generally, the error class of the rank that failed (of this rank,
                 where its own request failed), e.g. the original fault's class where the
                 communicator has :attr:`failed`.
         """
         index = next(self._counter)
         label = name or index
+        deadline = Deadline(self.timeout_s, f"creating symmetric buffer {label!r}")
+        tags = self._region_tags(index)
         core = None
-        own: Exception | None = None
         try:
-            _check_nbytes(nbytes)
-            self._core_transport.raise_if_failed()
-            core = native().comm.SymmetricBuffer(
-                transport=self._core_transport,
-                rank=self.group.rank,
-                size=self.group.size,
-                nbytes=nbytes,
-                tag=f"{self._tag}-{self.group.rank}-{index}",
-                timeout_s=self.timeout_s,
-            )
-            status = b"ok " + core.local_handle()
-        except Exception as exc:  # exchanged first: the peers must not wait for this rank
-            own = exc
-            status = f"error {type(exc).__name__} {exc}".encode()
-        statuses = self.group.allgather_bytes(status)
-        if any(not s.startswith(b"ok ") for s in statuses):
+            own: Exception | None = None
+            try:
+                _check_nbytes(nbytes)
+                if not isinstance(name, str):
+                    raise InvalidArgumentError(f"name must be a str, got {type(name).__name__}")
+                self._core_transport.raise_if_failed()
+                core = native().comm.SymmetricBuffer(
+                    transport=self._core_transport,
+                    rank=self.group.rank,
+                    size=self.group.size,
+                    nbytes=nbytes,
+                    tag=tags[self.group.rank],
+                    timeout_s=self.timeout_s,
+                )
+                status = b"ok " + core.local_handle()
+            except Exception as exc:  # exchanged first: the peers must not wait for this rank
+                own = exc
+                status = f"error {type(exc).__name__} {exc}".encode()
+            statuses = self._exchange(status, deadline, "the exchange of buffer handles")
+            if any(not s.startswith(b"ok ") for s in statuses):
+                _raise_rendezvous_error(label, statuses, self.group.rank, own)
+            assert core is not None
+            handles = [s[len(b"ok ") :] for s in statuses]
+            error = ""
+            try:
+                core.connect(handles)
+            except Exception as exc:
+                error = str(exc)
+            errors_by_rank = [
+                e.decode()
+                for e in self._exchange(error.encode(), deadline, "the exchange of mapping errors")
+            ]
+            if any(errors_by_rank):
+                first = next(r for r, e in enumerate(errors_by_rank) if e)
+                raise BootstrapError(
+                    f"creating symmetric buffer {label!r} failed on ranks "
+                    f"{[r for r, e in enumerate(errors_by_rank) if e]}; rank {first}: "
+                    f"{errors_by_rank[first]}"
+                )
+            # Every peer has mapped every region: names can go.
+            self._exchange(b"", deadline, "the barrier after mapping")
+            core.finish_rendezvous()
+        except BaseException:
+            # NOTE [set-up deadlines]: nothing stays behind, a dead rank's name included.
             if core is not None:
                 core.destroy()
-            _raise_rendezvous_error(label, statuses, self.group.rank, own)
-        handles = [s[len(b"ok ") :] for s in statuses]
-        error = ""
-        try:
-            core.connect(handles)
-        except Exception as exc:
-            error = str(exc)
-        errors_by_rank = [e.decode() for e in self.group.allgather_bytes(error.encode())]
-        if any(errors_by_rank):
-            core.destroy()
-            first = next(r for r, e in enumerate(errors_by_rank) if e)
-            raise BootstrapError(
-                f"creating symmetric buffer {label!r} failed on ranks "
-                f"{[r for r, e in enumerate(errors_by_rank) if e]}; rank {first}: "
-                f"{errors_by_rank[first]}"
-            )
-        self.group.barrier()  # every peer has mapped every region: names can go
-        core.finish_rendezvous()
+            for tag in tags:
+                native().comm.unlink_region_name(tag)
+            raise
         buf = SymmetricBuffer(core, name or f"buffer{index}", self._core_transport)
         self._buffers.append(buf)
         _LIVE.add(buf)
         return buf
 
+    # NOTE [shm names]: a region's shared-memory name is "/overlap-<job>-<secret>-<rank>".
+    # <job> is 64 random bits that rank 0 draws per communicator (it tells one job's names
+    # apart, for people and tests); <secret> is 96 bits of a keyed hash (BLAKE2b) of the
+    # buffer's index, under a 128-bit key that rank 0 draws and the bootstrap carries to the
+    # peers, never the file system. Another local user who watches /dev/shm sees a name only
+    # once it exists and cannot compute the next buffer's from it, so cannot take it first.
+    # Every rank still creates its segment exclusively (O_EXCL, mode 0600: a name that exists
+    # is an error, never reused) and refuses a peer's segment whose cookie is not the one the
+    # peer sent through the bootstrap (NOTE [segment cookies] in csrc/comm/transport.h). All
+    # ranks know all names of a buffer before it is created, so the live ranks of a failed
+    # rendezvous remove them all (NOTE [set-up deadlines] in _setup.py). Verdict: unguessable
+    # names from a shared key, exclusive creation, cookies.
+    def _region_tags(self, index: int) -> list[str]:
+        """NOTE [shm names]: every rank's region tag of buffer ``index``."""
+        secret = hashlib.blake2b(index.to_bytes(8, "little"), key=self._key, digest_size=12)
+        return [f"{self._tag}-{secret.hexdigest()}-{k}" for k in range(self.group.size)]
+
+    def _exchange(self, data: bytes, deadline: Deadline, step: str) -> list[bytes]:
+        """The group's allgather of ``data`` within ``deadline`` (NOTE [set-up deadlines])."""
+        return run_collective(
+            lambda: self.group.allgather_bytes(data),
+            self.group,
+            deadline,
+            step,
+            on_failure=self._fail_setup,
+        )
+
     def destroy(self) -> None:
         """Destroy every buffer this communicator created. Idempotent; not collective. A
-        :attr:`failed` communicator stays failed: create a new one to go on."""
+        :attr:`failed` communicator stays failed: create a new one to go on. An op in progress
+        on another thread is waited for (NOTE [destroy while in use] in
+        ``csrc/comm/symmetric_buffer.h``: it ends by its deadline, or at once after
+        :meth:`abort`); from inside an op's signal handler on the same thread it raises
+        :class:`~overlap.errors.StateError` instead."""
         for buf in reversed(self._buffers):
             buf.destroy()
         self._buffers.clear()

@@ -50,7 +50,8 @@ def test_transformer_benchmark_on_host(tmp_path: Path) -> None:
     rows = result["rows"]
     assert [r["dtype"] for r in rows] == ["bf16", "fp8"]
     for r in rows:
-        assert r["ms_ours"] > 0 and r["ms_none"] > 0, r
+        assert r["ms_ours"] > 0 and r["ms_none"] > 0 and r["ms_floor"] > 0, r
+        assert r["none_over_floor"] == r["ms_none"] / r["ms_floor"], r
         assert "transformer_engine" in r["na"]["te"] or r["na"]["te"], r["na"]
     assert rows[0]["ms_torch_eager"] > 0  # PyTorch's DTensor TP runs on gloo too
     assert "torchao" in rows[1]["na"]["torch_eager"] or rows[1]["na"]["torch_eager"]

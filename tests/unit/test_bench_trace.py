@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.overlap_ops import parse_args
-from benchmarks.trace import Activity, Tracer, activities_of, breakdown, row_label, timeline_text
+from benchmarks.trace import (
+    Activity,
+    Tracer,
+    activities_of,
+    breakdown,
+    busy_us,
+    by_stream_and_kernel,
+    row_label,
+    timeline_text,
+)
 
 
 def _event(cat: str, name: str, ts: float, dur: float, stream: int = 7) -> dict:
@@ -115,3 +124,24 @@ def test_trace_option_needs_the_cuda_transport(capsys) -> None:
         parse_args(["--out", "x", "--trace"])
     assert "--trace records GPU timelines (CUPTI): it needs --cuda" in capsys.readouterr().err
     assert parse_args(["--out", "x", "--trace", "--cuda"]).trace
+
+
+def test_busy_time_is_the_union_and_streams_rank_by_it() -> None:
+    acts = [
+        Activity(0, 0.0, 10.0, "7", "kernel", "gemm_a"),
+        Activity(0, 5.0, 10.0, "7", "kernel", "gemm_a"),  # overlaps the first: 15 busy
+        Activity(0, 30.0, 5.0, "7", "kernel", "gemm_b"),
+        Activity(0, 2.0, 3.0, "9", "memcpy", "Memcpy PtoP"),
+    ]
+    assert busy_us(acts[:3]) == 20.0
+    assert busy_us(acts) == 20.0
+    assert busy_us([]) == 0.0
+    text = by_stream_and_kernel(acts, calls=2, top=2)
+    lines = text.splitlines()
+    # Stream 7 (10 us busy per call) before stream 9 (1.5); then the two costliest names.
+    assert lines.index(next(x for x in lines if x.strip().startswith("7"))) < lines.index(
+        next(x for x in lines if x.strip().startswith("9"))
+    )
+    assert "10.000" in text and "1.500" in text
+    ranked = [x.split()[2:] for x in lines if x.endswith("]")][1:]  # after the heading
+    assert ranked == [["gemm_a", "[7]"], ["gemm_b", "[7]"]]  # top 2: 10 and 2.5 us/call

@@ -18,6 +18,7 @@ KINDS = {
     "cuda": errors.CudaError,
     "bootstrap": errors.BootstrapError,
     "system": errors.SystemResourceError,
+    "aborted": errors.CommAbortedError,
 }
 
 

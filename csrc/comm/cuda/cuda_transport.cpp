@@ -32,8 +32,10 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -56,25 +58,29 @@ namespace overlap::comm {
 
 namespace {
 
-constexpr const char* kHandlePrefix = "cuda-ipc-v1";
+constexpr const char* kHandlePrefix = "cuda-ipc-v2";
 
 CUdeviceptr device_ptr(const void* p) {
   return reinterpret_cast<CUdeviceptr>(p);
 }
 
-// The flag page of a region: a shared-memory page registered with CUDA.
+// The flag page of a region: a shared-memory page registered with CUDA, with its cookie
+// (NOTE [segment cookies] in transport.h).
 struct FlagPage {
   ShmSegment segment;
+  std::string cookie;
   cuda::HostRegistration registration;
   explicit FlagPage(const std::string& name)
-      : segment(name, kFlagBytes), registration(segment.data(), kFlagBytes) {}
+      : segment(name, kFlagBytes),
+        cookie(write_cookie(segment.data())),
+        registration(segment.data(), kFlagBytes) {}
 };
 
 class CudaRegion final : public LocalRegion {
  public:
   CudaRegion(int device, std::size_t bytes, const std::string& tag,
              std::shared_ptr<cuda::Watchdog> watchdog)
-      : watchdog_(std::move(watchdog)), memory_(device, bytes), flags_("/overlap-" + tag) {}
+      : watchdog_(std::move(watchdog)), memory_(device, bytes), flags_(shm_name(tag)) {}
 
   ~CudaRegion() override {
     // NOTE [destroy while in flight]: ops may still be queued on the GPU against this memory.
@@ -96,7 +102,7 @@ class CudaRegion final : public LocalRegion {
   std::string export_handle() const override {
     std::ostringstream oss;
     oss << kHandlePrefix << ' ' << memory_.size() << ' ' << memory_.export_ipc_handle() << ' '
-        << flags_.segment.name();
+        << flags_.segment.name() << ' ' << flags_.cookie;
     return oss.str();
   }
   void on_all_peers_mapped() override { flags_.segment.unlink(); }
@@ -109,26 +115,38 @@ class CudaRegion final : public LocalRegion {
 
 class CudaMapping final : public PeerMapping {
  public:
-  CudaMapping(int device, std::size_t bytes, const std::string& ipc, const std::string& shm)
+  CudaMapping(int device, std::size_t bytes, const std::string& ipc, const std::string& shm,
+              const std::string& cookie)
       : bytes_(bytes),
-        memory_(device, ipc),
         flags_(shm, kFlagBytes),
+        cookie_checked_(checked(flags_, shm, cookie)),
+        memory_(device, ipc),
         registration_(flags_.data(), kFlagBytes) {}
   void* data() const override { return memory_.data(); }
   std::size_t size() const override { return bytes_; }
   std::uint64_t* flags() const override { return static_cast<std::uint64_t*>(flags_.data()); }
 
  private:
+  // The peer's flag page is refused unless it holds the cookie the peer sent (NOTE [segment
+  // cookies]); checked before the IPC memory is mapped, so that a forged page maps nothing else.
+  static bool checked(const ShmMapping& flags, const std::string& shm, const std::string& cookie) {
+    check_cookie(flags.data(), cookie, shm);
+    return true;
+  }
+
   std::size_t bytes_;
-  cuda::IpcMapping memory_;
   ShmMapping flags_;
+  bool cookie_checked_;
+  cuda::IpcMapping memory_;
   cuda::HostRegistration registration_;
 };
 
 class CudaTransport final : public Transport {
  public:
   explicit CudaTransport(int device)
-      : device_(device), watchdog_(std::make_shared<cuda::Watchdog>()), lanes_(device) {
+      : device_(device),
+        watchdog_(std::make_shared<cuda::Watchdog>(flag_registry_ptr())),
+        lanes_(device) {
     check_device_capabilities();
   }
 
@@ -143,14 +161,16 @@ class CudaTransport final : public Transport {
 
   std::unique_ptr<PeerMapping> map_peer(const std::string& handle) override {
     std::istringstream iss(handle);
-    std::string prefix, ipc, shm;
+    std::string prefix, ipc, shm, cookie;
     std::size_t bytes = 0;
-    iss >> prefix >> bytes >> ipc >> shm;
-    OVERLAP_CHECK(prefix == kHandlePrefix && bytes > 0 && !shm.empty(), kBootstrap,
-                  "malformed cuda-transport handle '"
-                      << handle << "': do all ranks use the cuda transport and one overlap build?");
+    iss >> prefix >> bytes >> ipc >> shm >> cookie;
+    OVERLAP_CHECK(
+        prefix == kHandlePrefix && bytes > 0 && !shm.empty() && cookie.size() == 2 * kCookieBytes,
+        kBootstrap,
+        "malformed cuda-transport handle '"
+            << handle << "': do all ranks use the cuda transport and one overlap build?");
     DeviceGuard guard(device_);
-    return std::make_unique<CudaMapping>(device_, bytes, ipc, shm);
+    return std::make_unique<CudaMapping>(device_, bytes, ipc, shm, cookie);
   }
 
   void fork(cudaStream_t stream, int lanes) override {
@@ -199,8 +219,15 @@ class CudaTransport final : public Transport {
       log->note_wait(watchdog_, ticket, flag, value, ctx);
       write_marker_value(s, ticket);
     } else {
-      // Already satisfied (the peer is ahead): nothing to enqueue. Flags only grow.
-      if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
+      // NOTE [abort]: a stopped transport enqueues no more waits (the op raises).
+      if (stopping()) raise_stopped(ctx);
+      // Already satisfied (the peer is ahead): nothing to enqueue. Flags only grow; a flag
+      // satisfied only by a failed peer's poison fails the op (NOTE [poisoned flags]).
+      const std::uint64_t seen = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+      if (seen >= value) {
+        if (poisoned_short(seen, value)) raise_peer_failed(ctx, seen, value);
+        return;
+      }
       std::lock_guard<std::mutex> lock(marks_mu_);
       cuda::Watchdog::Ticket own{};
       watchdog_->arm(flag, value, ctx, reached_marker(stream, s, own));
@@ -243,7 +270,11 @@ class CudaTransport final : public Transport {
       cuda::Watchdog::Ticket own{};
       const cuda::Watchdog::Ticket* reached = nullptr;  // only if the kernel waits at all
       for (const FlagWait& w : h.waits) {
-        if (__atomic_load_n(w.flag, __ATOMIC_ACQUIRE) >= w.value) continue;  // flags only grow
+        const std::uint64_t seen = __atomic_load_n(w.flag, __ATOMIC_ACQUIRE);
+        if (seen >= w.value) {  // flags only grow (NOTE [poisoned flags]: unless poisoned)
+          if (poisoned_short(seen, w.value)) raise_peer_failed(w.ctx, seen, w.value);
+          continue;
+        }
         if (reached == nullptr) reached = reached_marker(stream, s, own);
         watchdog_->arm(w.flag, w.value, w.ctx, reached);
         p.waits[p.num_waits] = w.flag;
@@ -324,11 +355,40 @@ class CudaTransport final : public Transport {
     op_marks_[stream] = ticket;
   }
 
+  // Returns even when a peer never comes: the watchdog releases stuck waits. Polls instead of
+  // blocking in cudaStreamSynchronize, so that an abort (NOTE [abort]) or a signal (NOTE
+  // [interrupting waits]) ends it at once: a stream behind released waits may still hold
+  // seconds of GEMMs.
   void synchronize(cudaStream_t stream) override {
+    using Clock = std::chrono::steady_clock;
     DeviceGuard guard(device_);
-    // Returns even when a peer never comes: the watchdog releases stuck waits.
-    OVERLAP_CHECK_CUDA(cudaStreamSynchronize(stream));
+    auto next_check = Clock::now() + kInterruptPeriod;
+    for (unsigned polls = 0;; ++polls) {
+      const cudaError_t status = cudaStreamQuery(stream);
+      if (status == cudaSuccess) break;
+      if (status != cudaErrorNotReady) OVERLAP_CHECK_CUDA(status);
+      if (stopping()) break;  // raise_if_failed() below raises the fault
+      const auto now = Clock::now();
+      if (now >= next_check) {
+        next_check = now + kInterruptPeriod;
+        if (interrupt_requested()) {
+          fail(ErrorKind::kAborted, "synchronize() " + interrupted_message());
+          abort();
+          break;
+        }
+      }
+      // Spin briefly (short ops), then poll at a few tens of microseconds.
+      if (polls >= 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
     raise_if_failed();
+  }
+
+  // NOTE [destroy while in use] (symmetric_buffer.h): the released ops' puts and signals reach
+  // the peers' memory, which destroy unmaps next. The watchdog releases stuck waits.
+  void quiesce() noexcept override {
+    if (process_finalizing()) return;
+    DeviceGuard guard(device_);
+    OVERLAP_WARN_CUDA(cudaDeviceSynchronize());
   }
 
   // Capturing without a graph log throws (graph_log_for).
@@ -372,12 +432,16 @@ class CudaTransport final : public Transport {
     std::unique_ptr<cuda::OwnedEvent> event;
   };
 
-  // NOTE [failed transport] in transport.h: a wait the watchdog timed out fails the transport
-  // (a timeout), unless another fault came first.
-  void poll_faults() const override {
-    const std::string timeout = watchdog_->failure();
-    if (!timeout.empty()) record_fault(ErrorKind::kTimeout, timeout);
+  // NOTE [failed transport] in transport.h: a wait the watchdog timed out (or found satisfied
+  // by a failed peer's poison) fails the transport, unless another fault came first.
+  void poll_async_faults() const override {
+    const cuda::Watchdog::Fault fault = watchdog_->fault();
+    if (!fault.message.empty()) record_fault(fault.kind, fault.message);
   }
+  // NOTE [monotone release] (watchdog.h): any fault releases every GPU wait at once.
+  void on_failed() const noexcept override { watchdog_->stop(); }
+  // NOTE [abort]: atomics only; the watchdog releases at its next poll.
+  void on_abort() noexcept override { watchdog_->request_stop(); }
 
   // The marker write of a ticket: the stream has reached this point (NOTE [watchdog]).
   static void write_marker_value(CUstream s, const cuda::Watchdog::Ticket& ticket) {

@@ -7,13 +7,29 @@
 // watchdog thread knows when the GPU actually got there (the deadline counts from then, not
 // from when the host enqueued the wait: a long GEMM ahead in the stream is not a hang).
 // A wait still unsatisfied `timeout_s` later is a timeout: the watchdog logs it at once (never
-// a silent hang), records it (failure()), and releases EVERY pending wait of the transport by
-// storing the awaited value into its flag (flags live in host memory, NOTE [flags in host
-// memory]), so that the GPU drains instead of spinning forever after the host has given up.
-// The transport is failed from then on (NOTE [failed transport] in transport.h): the
-// communicator and its buffers must be recreated. The drained ops still run their puts and
-// signals, so a peer that comes late may complete the timed-out op itself (with whatever this
-// rank's drained op gave it); only this rank's later ops are refused.
+// a silent hang), records it (fault()), and releases EVERY pending wait of the transport, so
+// that the GPU drains instead of spinning forever after the host has given up. The transport
+// is failed from then on (NOTE [failed transport] in transport.h): the communicator and its
+// buffers must be recreated. The same release follows any other fault of the transport (an
+// abort, an error mid-op: stop(), request_stop()), and a pending wait that the watchdog finds
+// satisfied only by a failed peer's poison (NOTE [poisoned flags] in fault.h) is such a fault.
+//
+// NOTE [monotone release]: a wait is released by setting kPoisonBit in its flag (flags live in
+// host memory, NOTE [flags in host memory]): a value above every epoch, which passes this wait
+// and every later one on the flag, and which only ever raises the flag. Storing each pending
+// wait's awaited value instead, as the watchdog once did, lowered a flag that several waits
+// shared (the pieces of one op, or consecutive ops on one buffer, each awaiting a larger
+// value) whenever a smaller value was stored after a larger one (the pending list is not kept
+// in order), and left the GPU stuck for ever on a wait that nobody watched any more: the hang
+// of the layers' timeout scenario on cuda (a backward of several ops, its bulk reduce-scatter
+// awaiting four pieces on one flag, timed out, and the next host sync never returned). And
+// since a late peer's genuine signal may still lower a released flag before the GPU has
+// passed the wait, a released flag is released again at every poll, and this rank's flags in
+// its peers' regions are poisoned again (its drained ops' signals overwrite them), for as
+// long as the buffer lives. The drained ops still run their puts and signals, so a late peer
+// may consume a released op's data within one poll interval; its communicator then fails
+// through the poison (NOTE [poisoned flags]). Verdict: release by a monotone bit, again at
+// every poll.
 //
 // NOTE [one marker per op]: each marker write is a stream memory operation with a memory
 // barrier (about 2.5 us of its stream's time; the v2 memop API rejects
@@ -37,6 +53,7 @@
 // any point of the process's life.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -47,6 +64,7 @@
 #include <vector>
 
 #include "comm/cuda/cuda_memory.h"
+#include "comm/fault.h"
 #include "comm/transport.h"
 
 namespace overlap::comm::cuda {
@@ -56,7 +74,9 @@ class Watchdog {
   // Markers form a ring: a wait's marker is reused `kMarkers` waits later.
   static constexpr std::size_t kMarkers = 4096;
 
-  Watchdog();
+  // `flags`: the transport's registry, whose outgoing flags the watchdog keeps poisoned once
+  // it releases (NOTE [monotone release]).
+  explicit Watchdog(std::shared_ptr<FlagRegistry> flags);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -78,10 +98,22 @@ class Watchdog {
   Ticket reserve();
   // Whether `p` is the marker of some ticket (of this watchdog).
   bool is_marker(const void* p) const;
-  // Drops pending waits whose flag lies in [begin, begin + bytes) (the flags are unmapped).
+  // Drops pending and released waits whose flag lies in [begin, begin + bytes) (the flags are
+  // unmapped).
   void forget(const void* begin, std::size_t bytes);
-  // The first timeout's message ("" if there was none).
-  std::string failure() const;
+  // The first fault the watchdog found: a timeout, or a wait satisfied only by a failed
+  // peer's poison (both kTimeout); an empty message if there was none.
+  struct Fault {
+    ErrorKind kind = ErrorKind::kTimeout;
+    std::string message;
+  };
+  Fault fault() const;
+  // NOTE [monotone release]: from now on, release every pending wait (and every wait armed
+  // later) at once, and keep them and the outgoing flags poisoned. stop() also wakes the
+  // watchdog; request_stop() only stores an atomic (NOTE [abort]: callable from a signal
+  // handler), which the watchdog finds within one poll.
+  void stop() noexcept;
+  void request_stop() noexcept { stop_requested_.store(true, std::memory_order_release); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -96,17 +128,25 @@ class Watchdog {
   };
 
   void run();
-  // Called with mu_ held: records the failure and releases every pending wait.
-  void fail(const Pending& p, std::uint64_t seen);
+  // Called with mu_ held: records `message` as the fault (the first one wins) and logs it.
+  void fail(const std::string& message);
+  // Called with mu_ held, once stopped: releases every pending wait (NOTE [monotone
+  // release]), again every released one, and poisons the outgoing flags again.
+  void release_all();
+  bool stopped() const { return stopped_ || stop_requested_.load(std::memory_order_acquire); }
 
+  std::shared_ptr<FlagRegistry> flags_;
   PinnedHostMemory markers_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Pending> pending_;
+  std::vector<std::uint64_t*> released_;  // kept released until forgotten
   std::uint64_t next_seq_ = 1;
   std::string failure_;
-  bool stop_ = false;
-  std::thread thread_;  // started by the first arm()
+  bool stopped_ = false;                     // under mu_
+  std::atomic<bool> stop_requested_{false};  // NOTE [abort]
+  bool stop_ = false;                        // the thread ends
+  std::thread thread_;                       // started by the first arm()
 };
 
 }  // namespace overlap::comm::cuda

@@ -21,31 +21,36 @@ namespace overlap::comm {
 
 namespace {
 
-constexpr const char* kHandlePrefix = "host-shm-v1";
+constexpr const char* kHandlePrefix = "host-shm-v2";
 
 // Segment layout: [flags: kFlagBytes][data].
 class HostRegion final : public LocalRegion {
  public:
   HostRegion(const std::string& name, std::size_t bytes) : segment_(name, kFlagBytes + bytes) {
     std::memset(segment_.data(), 0, kFlagBytes);  // flags start at epoch 0
+    cookie_ = write_cookie(segment_.data());      // NOTE [segment cookies]
   }
   void* data() const override { return static_cast<char*>(segment_.data()) + kFlagBytes; }
   std::size_t size() const override { return segment_.size() - kFlagBytes; }
   std::uint64_t* flags() const override { return static_cast<std::uint64_t*>(segment_.data()); }
   std::string export_handle() const override {
     std::ostringstream oss;
-    oss << kHandlePrefix << ' ' << segment_.size() << ' ' << segment_.name();
+    oss << kHandlePrefix << ' ' << segment_.size() << ' ' << segment_.name() << ' ' << cookie_;
     return oss.str();
   }
   void on_all_peers_mapped() override { segment_.unlink(); }
 
  private:
   ShmSegment segment_;
+  std::string cookie_;
 };
 
 class HostMapping final : public PeerMapping {
  public:
-  HostMapping(const std::string& name, std::size_t segment_bytes) : mapping_(name, segment_bytes) {}
+  HostMapping(const std::string& name, std::size_t segment_bytes, const std::string& cookie)
+      : mapping_(name, segment_bytes) {
+    check_cookie(mapping_.data(), cookie, name);  // NOTE [segment cookies]
+  }
   void* data() const override { return static_cast<char*>(mapping_.data()) + kFlagBytes; }
   std::size_t size() const override { return mapping_.size() - kFlagBytes; }
   std::uint64_t* flags() const override { return static_cast<std::uint64_t*>(mapping_.data()); }
@@ -63,20 +68,21 @@ class HostTransport final : public Transport {
     OVERLAP_CHECK_ARG(bytes <= SymmetricBuffer::kMaxBytes,
                       "host transport: " << bytes << " bytes exceed the largest buffer, "
                                          << SymmetricBuffer::kMaxBytes);
-    return std::make_unique<HostRegion>("/overlap-" + tag, bytes);
+    return std::make_unique<HostRegion>(shm_name(tag), bytes);
   }
 
   std::unique_ptr<PeerMapping> map_peer(const std::string& handle) override {
     std::istringstream iss(handle);
-    std::string prefix, name;
+    std::string prefix, name, cookie;
     std::size_t bytes = 0;
-    iss >> prefix >> bytes >> name;
+    iss >> prefix >> bytes >> name >> cookie;
     OVERLAP_CHECK(prefix == kHandlePrefix && !name.empty() && bytes > kFlagBytes &&
-                      bytes - kFlagBytes <= SymmetricBuffer::kMaxBytes,
+                      bytes - kFlagBytes <= SymmetricBuffer::kMaxBytes &&
+                      cookie.size() == 2 * kCookieBytes,
                   kBootstrap,
                   "malformed host-transport handle '"
                       << handle << "': do all ranks use the host transport and one overlap build?");
-    return std::make_unique<HostMapping>(name, bytes);
+    return std::make_unique<HostMapping>(name, bytes, cookie);
   }
 
   // Program order: every lane is the caller itself.
@@ -98,23 +104,39 @@ class HostTransport final : public Transport {
     __atomic_store_n(flag, value, __ATOMIC_RELEASE);
   }
 
+  // NOTE [abort], NOTE [poisoned flags], NOTE [interrupting waits] (fault.h): besides its own
+  // deadline, the spin checks the transport's failure or abort on every spin, the poison mark
+  // of what it reads, and the interrupt check every kInterruptPeriod.
   void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx, cudaStream_t,
             int) override {
     using Clock = std::chrono::steady_clock;
-    if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
+    std::uint64_t seen = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+    if (seen >= value && !poisoned_short(seen, value)) return;
     const auto start = Clock::now();
     const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(ctx.timeout_s));
+    auto next_check = start + kInterruptPeriod;
     for (unsigned spins = 1;; ++spins) {
-      if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value) return;
+      seen = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+      if (seen >= value) {
+        if (poisoned_short(seen, value)) raise_peer_failed(ctx, seen, value);
+        return;
+      }
+      if (stopping()) raise_stopped(ctx);
       // Ranks may outnumber cores (tests oversubscribe): yield instead of burning a core.
       if (spins % 64 == 0) sched_yield();
-      if (spins % 1024 == 0 && Clock::now() > deadline) {
-        // NOTE [failed transport]: the peers' epochs are out of step with ours from here on.
-        const std::string what =
-            describe_timeout(ctx, __atomic_load_n(flag, __ATOMIC_ACQUIRE), value);
-        fail(ErrorKind::kTimeout, what);
-        OVERLAP_THROW(kTimeout, what);
+      if (spins % 256 == 0) {
+        const auto now = Clock::now();
+        if (now > deadline) {
+          // NOTE [failed transport]: the peers' epochs are out of step with ours from here on.
+          const std::string what = describe_timeout(ctx, seen, value);
+          fail(ErrorKind::kTimeout, what);
+          OVERLAP_THROW(kTimeout, what);
+        }
+        if (now >= next_check) {
+          next_check = now + kInterruptPeriod;
+          if (interrupt_requested()) raise_interrupted(ctx);
+        }
       }
     }
   }

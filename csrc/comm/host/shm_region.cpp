@@ -2,13 +2,17 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 
+#include "comm/transport.h"
 #include "common/errors.h"
 
 namespace overlap::comm {
@@ -98,6 +102,10 @@ ShmMapping::ShmMapping(const std::string& name, std::size_t expected_bytes) {
   FdCloser closer{fd};
   struct stat st {};
   OVERLAP_CHECK_ERRNO(::fstat(fd, &st), "fstat of peer segment '" << name << "'");
+  // Only this user's ranks create our segments (mode 0600); root would open another user's.
+  OVERLAP_CHECK(st.st_uid == ::geteuid(), kBootstrap,
+                "peer segment '" << name << "' belongs to uid " << st.st_uid << ", not to uid "
+                                 << ::geteuid() << " (this job's): refusing it");
   OVERLAP_CHECK_EQ(static_cast<std::size_t>(st.st_size), expected_bytes, kBootstrap,
                    "peer segment '" << name << "' has an unexpected size");
   data_ = map_fd(fd, expected_bytes, name);
@@ -108,6 +116,55 @@ ShmMapping::~ShmMapping() {
   if (data_ != nullptr && ::munmap(data_, size_) != 0) {
     OVERLAP_WARN("munmap of a peer segment failed: " << detail::errno_string(errno));
   }
+}
+
+std::string shm_name(const std::string& tag) {
+  return "/overlap-" + tag;
+}
+
+void unlink_shm(const std::string& name) noexcept {
+  if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
+    OVERLAP_WARN("shm_unlink of '" << name << "' failed: " << detail::errno_string(errno));
+  }
+}
+
+std::string write_cookie(void* flags) {
+  unsigned char bytes[kCookieBytes];
+  std::size_t got = 0;
+  while (got < kCookieBytes) {
+    const ssize_t n = ::getrandom(bytes + got, kCookieBytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got < kCookieBytes) {  // no getrandom (old kernel, seccomp): the library's source
+    std::random_device rd;
+    for (std::size_t i = got; i < kCookieBytes; ++i) bytes[i] = static_cast<unsigned char>(rd());
+  }
+  std::memcpy(static_cast<char*>(flags) + kCookieOffset, bytes, kCookieBytes);
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char b : bytes) {
+    hex += kHex[b >> 4];
+    hex += kHex[b & 15];
+  }
+  return hex;
+}
+
+void check_cookie(const void* flags, const std::string& cookie, const std::string& name) {
+  const auto* bytes = static_cast<const unsigned char*>(flags) + kCookieOffset;
+  static const char* kHex = "0123456789abcdef";
+  std::string found;
+  for (std::size_t i = 0; i < kCookieBytes; ++i) {
+    found += kHex[bytes[i] >> 4];
+    found += kHex[bytes[i] & 15];
+  }
+  OVERLAP_CHECK(found == cookie, kBootstrap,
+                "peer segment '" << name
+                                 << "' is not the one its rank created (its cookie differs from "
+                                    "the one the rank sent through the bootstrap): another "
+                                    "process created or replaced it; refusing it (NOTE "
+                                    "[segment cookies])");
 }
 
 }  // namespace overlap::comm

@@ -7,9 +7,12 @@
 namespace overlap::comm {
 
 // A segment this process created: shm_open(O_CREAT | O_EXCL, 0600) + ftruncate +
-// posix_fallocate (NOTE [shm reservation] in shm_region.cpp) + mmap.
-// NOTE [shm names]: the name is removed (shm_unlink) as soon as every peer has mapped it, so
-// a crash afterwards leaks nothing; the destructor unlinks too if that never happened.
+// posix_fallocate (NOTE [shm reservation] in shm_region.cpp) + mmap. O_EXCL: a name that
+// exists already (another process's) is an error, never reused.
+// NOTE [shm names] (overlap/comm/communicator.py has the naming): the name is removed
+// (shm_unlink) as soon as every peer has mapped it, so a crash afterwards leaks nothing; the
+// destructor unlinks too if that never happened, and the live ranks of a failed rendezvous
+// unlink every rank's name (unlink_shm), a dead rank's included.
 class ShmSegment {
  public:
   ShmSegment(std::string name, std::size_t bytes);
@@ -29,7 +32,7 @@ class ShmSegment {
   bool linked_ = false;
 };
 
-// A peer's segment opened by name and mapped here.
+// A peer's segment opened by name and mapped here; refused unless this user owns it.
 class ShmMapping {
  public:
   ShmMapping(const std::string& name, std::size_t expected_bytes);
@@ -44,5 +47,16 @@ class ShmMapping {
   std::size_t size_ = 0;
   void* data_ = nullptr;
 };
+
+// The shared-memory name of a region tagged `tag` (both transports): "/overlap-<tag>".
+std::string shm_name(const std::string& tag);
+// shm_unlink(name), where it exists; never throws.
+void unlink_shm(const std::string& name) noexcept;
+
+// NOTE [segment cookies] (comm/transport.h): a new random cookie (hex, from the kernel's random
+// source), written into the flag page `flags` at kCookieOffset and returned.
+std::string write_cookie(void* flags);
+// Throws kBootstrap unless the flag page `flags` of the segment `name` holds `cookie`.
+void check_cookie(const void* flags, const std::string& cookie, const std::string& name);
 
 }  // namespace overlap::comm

@@ -131,3 +131,41 @@ def close_ring(
         bound = bound + torch.maximum(g.abs(), w.abs()) * 2.0**-3 + 2.0**-9
     err = (g - w).abs()
     assert (err <= bound).all(), f"{what}: |diff| {err.max()} beyond the ring's rounding bound"
+
+
+def local_setup() -> Any:
+    """For workers launched by ``launcher.run_local_ranks`` (plain processes, no mpirun):
+    initialise torch.distributed (gloo) through the launch's FileStore; returns the world's
+    TorchBootstrap."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    from overlap.comm import TorchBootstrap
+
+    rank = int(os.environ["TEST_LOCAL_RANK"])
+    size = int(os.environ["TEST_LOCAL_SIZE"])
+    store = dist.FileStore(os.environ["TEST_LOCAL_STORE"], size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=60)
+    )
+    return TorchBootstrap()
+
+
+def run_local(main: Callable[[], None]) -> None:
+    """``run`` for workers of ``launcher.run_local_ranks``: prints ``PASS rank=<r>`` and ends
+    the process at once (``os._exit``: a peer may have died, and gloo's teardown would wait
+    for it), or prints the failure and exits 1."""
+    import os
+
+    rank = int(os.environ["TEST_LOCAL_RANK"])
+    try:
+        main()
+    except BaseException:
+        print(f"FAIL rank={rank}\n{traceback.format_exc()}", flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    print(f"PASS rank={rank}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)

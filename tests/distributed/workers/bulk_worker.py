@@ -1,7 +1,7 @@
 """Bulk overlap ops against their references (plain collective + plain GEMM).
 
 Usage: bulk_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, delayed, negative, mismatch, timeout.
+Scenarios: correctness, delayed, negative, mismatch, timeout, backlog.
 
 The collectives are compared bit for bit on both transports (the gathered bytes and scales;
 the reduce-scatter sums in rank order with fp32 accumulation, as the reference does). The side
@@ -341,6 +341,48 @@ def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     rs.destroy()
 
 
+def backlog(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """NOTE [monotone release] (csrc/comm/cuda/watchdog.h): the last rank takes part in two
+    ops, then stays away while the others issue eight more back to back, four of them bulk
+    reduce-scatters whose four pieces await four values on one flag, before any learns of the
+    timeout. The cuda watchdog once released its pending waits by storing each one's value, out
+    of order (dropping the satisfied waits of the first ops reorders its list), and so lowered
+    flags below waits it no longer watched: the GPU never drained and the next host sync never
+    returned (the layers' timeout scenario). Every rank must raise, and the host syncs and the
+    destroys that follow must return."""
+    n, m, k = tp.size, 8, 16
+    ag = AllGatherBesideGemm(comm, n * m, k, torch.bfloat16)
+    rs = ReduceScatterBesideGemm(comm, n * m, k, torch.bfloat16, pieces=4)
+    for op in (ag, rs):
+        op.buffer._core.timeout_s = 1.0
+    a, b = rand(32, 16, gen), rand(16, 48, gen)
+    x, partial = rand(m, k, gen), rand(n * m, k, gen)
+    ag(x, a, b)
+    rs(partial, a, b)
+    if tp.rank == n - 1:
+        time.sleep(4.0)
+    else:
+        t0 = time.monotonic()
+        try:
+            for _ in range(4):
+                ag(x, a, b)
+                rs(partial, a, b)
+            comm.synchronize()
+        except CommTimeoutError as exc:
+            assert "timed out" in str(exc), str(exc)
+        else:
+            raise AssertionError("ops with an absent rank did not time out")
+        assert time.monotonic() - t0 < 1.0 + 5.0, "the timeout came too late"
+    torch.distributed.barrier(group=tp.group)
+    t0 = time.monotonic()
+    with contextlib.suppress(CommTimeoutError):
+        comm.synchronize()  # returns: every wait was released
+    ag.destroy()
+    rs.destroy()
+    comm.destroy()
+    assert time.monotonic() - t0 < 5.0, "the device did not drain"
+
+
 def main() -> None:
     global DEVICE
     scenario, transport, launch, DEVICE, tp = _worker.setup(sys.argv)
@@ -353,6 +395,7 @@ def main() -> None:
         "negative": negative,
         "mismatch": mismatch,
         "timeout": timeout,
+        "backlog": backlog,
     }[scenario](comm, tp, gen)
     comm.destroy()
 

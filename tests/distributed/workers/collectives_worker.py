@@ -127,14 +127,16 @@ def delayed(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
 def timeout(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
     """A rank that never joins: the others raise CommTimeoutError within the deadline + 5 s;
     the communicator is then failed (NOTE [failed transport]): every later op on any of its
-    buffers raises at once, naming the timeout, until a new communicator replaces it."""
+    buffers raises at once, naming the timeout, until a new communicator replaces it. The
+    absent rank's communicator fails too, through its peers' poisoned flags (NOTE [poisoned
+    flags]), without having waited for anything."""
     buf = comm.create_buffer(4096)
     other = comm.create_buffer(4096)
     buf.timeout_s = 1.0
     absent = tp.size - 1
     if tp.rank == absent:
         time.sleep(3.0)  # stays alive but never calls the op
-        assert not comm.failed
+        assert comm.failed and "communicator failed" in (comm.failure or ""), comm.failure
     else:
         t0 = time.monotonic()
         try:
