@@ -2,7 +2,8 @@
 
 ``python -m benchmarks.kernels --json out.json`` on one GPU (about 30 s): cast_to_fp8,
 cast_transpose, 1x128 block quantization (both directions) on 2048 x 8192, 8192 x 8192 and
-16384 x 8192 bf16, and the reduction of k = 2 and 4 bf16 partials of an 8192 x 8192 / k
+16384 x 8192 bf16, the FP8 transpose of the same shapes (and PyTorch's strided copy it
+replaces), and the reduction of k = 2 and 4 bf16 partials of an 8192 x 8192 / k
 reduce-scatter shard. Each kernel's bandwidth counts the bytes it reads plus the bytes it
 writes (data and scales); the reference is a
 device-to-device copy (``Tensor.copy_``) moving the same total number of bytes, timed right
@@ -90,6 +91,7 @@ def bench(iters: int) -> list[dict[str, Any]]:
         cast_transpose,
         quantize_block_1x128,
         reduce_partials,
+        transpose_fp8,
     )
 
     fp8 = torch.float8_e4m3fn
@@ -139,7 +141,19 @@ def bench(iters: int) -> list[dict[str, Any]]:
                 iters=iters,
             )
         )
-        del x, out, out_t, blocks
+        # The FP8 transpose of gathered data (weight gradients), and PyTorch's strided copy
+        # that it replaces (NOTE [fp8 transpose]).
+        q = out.view(torch.uint8)
+        rows.append(
+            _measure("transpose_fp8", name.replace("bf16", "fp8"),
+                     lambda q=q, o=out_t: transpose_fp8(q.view(fp8), o),
+                     read_bytes=n, write_bytes=n, iters=iters)
+        )  # fmt: skip
+        rows.append(
+            _measure("torch .t().contiguous()", name.replace("bf16", "fp8"),
+                     lambda q=q: q.t().contiguous(), read_bytes=n, write_bytes=n, iters=iters)
+        )  # fmt: skip
+        del x, out, out_t, blocks, q
     for tp in TP_SIZES:
         shard = HIDDEN * HIDDEN // tp
         partials = torch.randn(tp, shard, device="cuda", dtype=torch.bfloat16)

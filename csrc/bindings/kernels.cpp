@@ -13,6 +13,7 @@
 #include "kernels/mxfp8.h"
 #include "kernels/reduce.h"
 #include "kernels/scale.h"
+#include "kernels/transpose.h"
 
 namespace py = pybind11;
 
@@ -130,6 +131,17 @@ void register_kernels(py::module_& m) {
       py::kw_only(), py::arg("fp8_dtype"), py::arg("amax") = py::none(), py::arg("stream") = 0,
       "cast_to_fp8 into out [rows, cols] and/or its transpose out_t [cols, rows] (either may be "
       "None).");
+
+  k.def(
+      "transpose_fp8",
+      [](py::handle x, py::handle out, std::uintptr_t stream) {
+        const TensorRef xr = tensor_ref_from_py(x, "x");
+        const TensorRef o = tensor_ref_from_py(out, "out");
+        py::gil_scoped_release release;
+        kernels::transpose_fp8(xr, o, stream_from_py(stream));
+      },
+      py::arg("x"), py::arg("out"), py::kw_only(), py::arg("stream") = 0,
+      "out [cols, rows] = x [rows, cols]^T for FP8 data (uint8 or an FP8 dtype).");
 
   register_block_quantize(k, "quantize_block_1x128", kernels::BlockShape::k1x128,
                           "1x128 block-scaled FP8; layouts in kernels/block_scaling.h.");

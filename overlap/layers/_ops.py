@@ -35,7 +35,13 @@ import torch
 
 from overlap.gemm import gemm
 from overlap.layers._tp import TensorParallelGroup, lookup_group
-from overlap.quantization import DirectionFormat, Fp8Format, QuantizedTensor, ScalingMode
+from overlap.quantization import (
+    DirectionFormat,
+    Fp8Format,
+    QuantizedTensor,
+    ScalingMode,
+    transpose_fp8,
+)
 
 __all__ = ["column_backward", "column_forward", "row_backward", "row_forward", "tp_all_reduce"]
 
@@ -63,9 +69,10 @@ def _operand(data: torch.Tensor, scale_inv: torch.Tensor | None) -> torch.Tensor
 
 
 def _transpose(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous transpose (FP8 through its bytes); a new tensor."""
+    """The ``[cols, rows]`` transpose of gathered FP8 data ``[rows, cols]``, a new tensor
+    (NOTE [fp8 transpose] in csrc/kernels/transpose.h); other dtypes through PyTorch."""
     if _is_fp8(t):
-        return t.view(torch.uint8).t().contiguous().view(t.dtype)
+        return transpose_fp8(t)
     return t.t().contiguous()
 
 

@@ -34,6 +34,7 @@ from overlap.quantization.ops import (
     quantize_block_128x128,
     quantize_mxfp8,
     reduce_partials,
+    transpose_fp8,
 )
 from overlap.quantization.quantizers import (
     AmaxComputeAlgo,
@@ -96,4 +97,5 @@ __all__ = [
     "quantize_block_128x128",
     "quantize_mxfp8",
     "reduce_partials",
+    "transpose_fp8",
 ]

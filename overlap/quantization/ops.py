@@ -45,6 +45,7 @@ __all__ = [
     "quantize_block_128x128",
     "quantize_mxfp8",
     "reduce_partials",
+    "transpose_fp8",
 ]
 
 _BLOCK = BLOCK_EDGE
@@ -280,6 +281,38 @@ def cast_transpose(
         x, scale, out, out_t, scale_inv, fp8_dtype=fmt, amax=amax, stream=_stream_of(x)
     )
     return out, out_t, scale_inv
+
+
+def transpose_fp8(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The transpose of FP8 data: ``out [cols, rows] = x [rows, cols]^T``, bytes unchanged.
+
+    What a weight gradient needs from FP8 data that was gathered rowwise (Hopper's FP8 GEMMs
+    take both operands K-major): one pass through shared-memory tiles with 16-byte accesses,
+    several times faster than ``x.t().contiguous()`` on GPUs (NOTE [fp8 transpose] in
+    csrc/kernels/transpose.h). The scale_inv is the input's (a transpose moves no values).
+
+    Args:
+        x: contiguous 2-D ``[rows, cols]`` of ``float8_e4m3fn``, ``float8_e5m2`` or ``uint8``
+            (FP8 carried as bytes), cpu or cuda.
+        out: optional ``[cols, rows]`` output of x's dtype and device, not overlapping x.
+
+    Returns:
+        ``out`` (new when not given), on x's current CUDA stream.
+
+    Raises:
+        InvalidArgumentError: another dtype, not 2-D, not contiguous, a wrong ``out``.
+    """
+    _require_tensor("transpose_fp8", "x", x)
+    if out is None:
+        if x.dim() != 2:
+            raise InvalidArgumentError(
+                f"transpose_fp8: x must be 2-D [rows, cols], got shape {list(x.shape)}"
+            )
+        out = x.new_empty((x.shape[1], x.shape[0]))
+    else:
+        _require_tensor("transpose_fp8", "out", out)
+    native().kernels.transpose_fp8(x, out, stream=_stream_of(x))
+    return out
 
 
 def _ceil_div(a: int, b: int) -> int:
