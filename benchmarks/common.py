@@ -187,6 +187,57 @@ def time_op(
     return statistics.median(samples)
 
 
+def time_training_steps(
+    step: Callable[[], None],
+    *,
+    iters: int,
+    warmup: int,
+    cuda: bool,
+    before: Callable[[], None] | None = None,
+) -> tuple[float, float]:
+    """``(ms, host_ms)``: the median GPU time of one training step and the median host time
+    to issue one, after ``warmup`` steps.
+
+    NOTE [step timing]: the steps run back to back, as a training loop runs them: no
+    synchronization between steps, so the host may issue step i + 1 while the GPU runs step
+    i, and a CUDA event recorded between steps marks each step's end on the GPU. A step's
+    time is the interval between consecutive events: its GPU time where the host keeps ahead,
+    the host's time where it does not (then ``host_ms`` is about ``ms``: the row is bound by
+    the host, not by the GPU). Synchronizing around every step instead would charge each step
+    the host's time to issue its first kernels and, with several ranks, the ranks' skew at
+    every start. ``before`` (not timed) runs ahead of every step, e.g. to drop gradients. On
+    the host transport (no GPU) both are the wall-clock time of a step.
+    """
+    import torch
+
+    for _ in range(warmup):
+        if before is not None:
+            before()
+        step()
+    host: list[float] = []
+    if not cuda:
+        for _ in range(iters):
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            step()
+            host.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(host), statistics.median(host)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    torch.cuda.synchronize()
+    events[0].record()
+    for i in range(iters):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        step()
+        host.append((time.perf_counter() - t0) * 1e3)
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    gpu = [events[i].elapsed_time(events[i + 1]) for i in range(iters)]
+    return statistics.median(gpu), statistics.median(host)
+
+
 def device_barrier(group: Any = None) -> Callable[[], None]:
     """A device-side barrier of ``group`` (torch.distributed, NCCL) for :func:`time_op`'s
     ``align``: an all-reduce of one element, which the current stream waits for. It ends on

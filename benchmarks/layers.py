@@ -13,7 +13,9 @@ by default (``--full``: 4096, 8192 and 16384), TP = every rank, BF16 and FP8 (cu
 scaling, E4M3 forward / E5M2 backward).
 
 Per row: the step time (forward + backward of one micro-batch, the weights' FP8 cache warm),
-median over ``--iters`` timed steps after warm-up, CUDA events, the max over ranks; tokens/s;
+median over ``--iters`` timed steps after warm-up, run back to back as a training loop runs
+them (NOTE [step timing] in benchmarks/common.py), the max over ranks; the host's time to
+issue a step; tokens/s;
 the speed-up of the overlap over ``ub=None``; the peak memory of each (max over ranks); the
 userbuffers' bytes per rank. On the host transport (no GPU) the same rows run with tiny
 shapes: a smoke run of the code path, not a measurement. JSON (``layers.json``) and a table
@@ -67,10 +69,14 @@ def _input(module: str, dims: tuple[int, ...], tokens: int, tp: int, device: Any
     return torch.randn(shape, dtype=torch.bfloat16, device=device)
 
 
-def _time_steps(layer: Any, x: Any, *, fp8: bool, iters: int, warmup: int, cuda: bool) -> float:
-    """Median ms of forward + backward (a fixed output gradient), after warm-up."""
+def _time_steps(
+    layer: Any, x: Any, *, fp8: bool, iters: int, warmup: int, cuda: bool
+) -> tuple[float, float]:
+    """Median ms of forward + backward (a fixed output gradient) and of the host's time to
+    issue it, steps back to back (NOTE [step timing] in benchmarks/common.py)."""
     import torch
 
+    from benchmarks.common import time_training_steps
     from overlap.layers import Fp8Recipe, fp8_autocast
 
     x = x.detach().requires_grad_()
@@ -83,25 +89,11 @@ def _time_steps(layer: Any, x: Any, *, fp8: bool, iters: int, warmup: int, cuda:
             y = layer(x)
         y.backward(gy)
 
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(iters):
+    def before() -> None:
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+
+    return time_training_steps(step, iters=iters, warmup=warmup, cuda=cuda, before=before)
 
 
 def _peak(cuda: bool) -> int:
@@ -155,10 +147,11 @@ def run(args: argparse.Namespace) -> None:
                         if cuda:
                             torch.cuda.synchronize()
                             torch.cuda.reset_peak_memory_stats()
-                        ms = _time_steps(
+                        ms, host_ms = _time_steps(
                             layer, x, fp8=fp8, iters=args.iters, warmup=args.warmup, cuda=cuda
                         )
                         row[f"ms_{name}"] = max_over_ranks(ms)
+                        row[f"host_ms_{name}"] = max_over_ranks(host_ms)
                         row[f"peak_mb_{name}"] = max_over_ranks(_peak(cuda) / 2**20)
                         del layer
                     row["speedup"] = row["ms_none"] / row["ms_ub"]
@@ -191,7 +184,8 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
     columns = [
         ("module", "module"), ("shape", "shape"), ("tokens", "T"), ("tp", "tp"),
         ("dtype", "dtype"), ("ms_none", "ms ub=None"), ("ms_ub", "ms ub"),
-        ("speedup", "speed-up"), ("tokens_per_s_ub", "tokens/s ub"),
+        ("speedup", "speed-up"), ("host_ms_none", "host ms None"), ("host_ms_ub", "host ms ub"),
+        ("tokens_per_s_ub", "tokens/s ub"),
         ("peak_mb_none", "peak MiB None"), ("peak_mb_ub", "peak MiB ub"),
         ("ub_bytes", "ub bytes/rank"),
     ]  # fmt: skip
@@ -225,7 +219,8 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
 TARGET_SPEEDUP = 1.15  # a module with overlap against ub=None (TP 4, T = 8192)
 DEFINITIONS = {
     "ms_ub": "median ms of forward + backward with userbuffers (initialize_ub defaults), max "
-    "over ranks",
+    "over ranks, steps back to back (NOTE [step timing] in benchmarks/common.py)",
+    "host_ms_*": "median ms the host takes to issue one step; near ms_*: the row is host-bound",
     "ms_none": "the same with ub=None (torch.distributed collectives, no overlap)",
     "speedup": "ms_none / ms_ub",
     "peak_mb_*": "torch.cuda.max_memory_allocated over the timed steps (userbuffers are not "

@@ -34,7 +34,9 @@ Shapes: Llama-3-70B (hidden 8192, FFN 28672, 64 query / 8 KV heads of 128), Llam
 The quick default runs Llama-3-70B at T = 8192; ``--full`` every shape at T = 4096, 8192
 and 16384; T tokens are sequences of 4096 (``--seq``). BF16 and
 FP8 (current scaling). Step time: median of ``--iters`` forward + backward steps after
-warm-up (the optimizer step excluded), CUDA events, max over ranks; tokens/s; speed-up over
+warm-up (the optimizer step excluded), back to back as a training loop runs them (NOTE [step
+timing] in benchmarks/common.py), max over ranks; the host's time to issue a step (ours and
+ub=None: near the step time, the row is host-bound); tokens/s; speed-up over
 ``ub=None``; peak memory; userbuffer bytes per rank. On the host transport (no GPU): tiny
 shapes, ours and ``torch eager`` only, a smoke run. Outputs ``transformer.json`` /
 ``.txt`` / ``.png``.
@@ -154,27 +156,11 @@ def parallelize_torch(block: Any, mesh: Any) -> Any:
 # ---- timing ----------------------------------------------------------------------------------
 
 
-def time_steps(step: Callable[[], None], *, iters: int, warmup: int, cuda: bool) -> float:
-    """Median ms of ``step()`` after ``warmup`` calls (CUDA events on GPUs)."""
-    import torch
+def time_steps(step: Callable[[], None], *, iters: int, warmup: int, cuda: bool):
+    """``(ms, host_ms)`` of ``step()`` (NOTE [step timing] in benchmarks/common.py)."""
+    from benchmarks.common import time_training_steps
 
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(iters):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return time_training_steps(step, iters=iters, warmup=warmup, cuda=cuda)
 
 
 def _ours_step(dims, tokens, seq, ub, fp8, device, group=None) -> Callable[[], None]:  # noqa: PLR0917
@@ -207,7 +193,7 @@ def _ours_step(dims, tokens, seq, ub, fp8, device, group=None) -> Callable[[], N
     return step
 
 
-def _ours(dims, tokens, seq, ub, fp8, device, args, group=None) -> float:  # noqa: PLR0917
+def _ours(dims, tokens, seq, ub, fp8, device, args, group=None) -> tuple[float, float]:  # noqa: PLR0917
     step = _ours_step(dims, tokens, seq, ub, fp8, device, group)
     return time_steps(step, iters=args.iters, warmup=args.warmup, cuda=device.type == "cuda")
 
@@ -219,7 +205,7 @@ def local_dims(dims: tuple[int, ...], tp: int) -> tuple[int, ...]:
     return (hidden, ffn // tp, heads // tp, groups // tp, d)
 
 
-def _torch(dims, tokens, seq, mode, device, args) -> float:  # noqa: PLR0917
+def _torch(dims, tokens, seq, mode, device, args) -> tuple[float, float]:  # noqa: PLR0917
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -346,14 +332,16 @@ def run(args: argparse.Namespace) -> None:
                         torch.cuda.reset_peak_memory_stats()
                     error = None
                     try:
-                        ms = fn()
+                        ms, host_ms = fn()
                     except Exception as exc:  # a peer's failure is a row's note, not a crash
-                        ms, error = float("nan"), f"{type(exc).__name__}: {str(exc)[:160]}"
+                        ms, host_ms = float("nan"), float("nan")
+                        error = f"{type(exc).__name__}: {str(exc)[:160]}"
                     failed = max_over_ranks(0.0 if error is None else 1.0)
                     if failed:
                         reasons[col] = error or "failed on another rank"
                         continue
                     row[f"ms_{col}"] = max_over_ranks(ms)
+                    row[f"host_ms_{col}"] = max_over_ranks(host_ms)
                     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0
                     row[f"peak_mb_{col}"] = max_over_ranks(peak)
                 if tracer is not None and "ms_ours" in row and "ms_none" in row:
@@ -442,6 +430,7 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
         ("ms_te", "TE"), ("ms_floor", "floor"), ("speedup", "ours vs None"),
         ("none_over_floor", "None/floor"), ("ours_over_floor", "ours/floor"),
         ("vs_best_peer", "best peer/ours"),
+        ("host_ms_ours", "host ms ours"), ("host_ms_none", "host ms None"),
         ("tokens_per_s", "tokens/s"), ("peak_mb_ours", "peak MiB"), ("ub_bytes", "ub bytes"),
     ]  # fmt: skip
     header = (
