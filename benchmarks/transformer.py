@@ -163,6 +163,36 @@ def time_steps(step: Callable[[], None], *, iters: int, warmup: int, cuda: bool)
     return time_training_steps(step, iters=iters, warmup=warmup, cuda=cuda)
 
 
+def profile_host(step: Callable[[], None], steps: int = 5) -> str:
+    """cProfile of ``steps`` steps after two warm-up steps: where the host's time to issue a
+    step goes (the functions by own time, then by cumulative time). The GPU is synchronized
+    after each step, outside the profile."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    for _ in range(2):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    for _ in range(steps):
+        prof.enable()
+        step()
+        prof.disable()
+        if cuda:
+            torch.cuda.synchronize()
+    out = io.StringIO()
+    out.write(f"host profile of {steps} steps\n")
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumtime").print_stats(60)
+    return out.getvalue()
+
+
 def _ours_step(dims, tokens, seq, ub, fp8, device, group=None) -> Callable[[], None]:  # noqa: PLR0917
     """One forward + backward of our layer (the weights' gradients dropped after it)."""
     import torch
@@ -344,6 +374,13 @@ def run(args: argparse.Namespace) -> None:
                     row[f"host_ms_{col}"] = max_over_ranks(host_ms)
                     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0
                     row[f"peak_mb_{col}"] = max_over_ranks(peak)
+                if args.host_profile and "ms_ours" in row:
+                    label = f"{shape}-T{tokens}-tp{tp}-{dtype}"
+                    for col, handle in (("ours", ub), ("none", None)):
+                        text = profile_host(_ours_step(dims, tokens, seq, handle, fp8, device))
+                        if rank == 0:
+                            path = Path(args.out) / f"host_profile-{label}-{col}.txt"
+                            path.write_text(text)
                 if tracer is not None and "ms_ours" in row and "ms_none" in row:
                     label = f"transformer-{shape}-T{tokens}-tp{tp}-{dtype}"
                     traced = tracer.record(label, {
@@ -480,6 +517,11 @@ def main(argv: list[str] | None = None) -> int:
         help="GPUs: after each row, one step of ours, ub=None and the floor under torch.profiler, "
         "every rank on one axis, with rank 0's GPU time by stream and kernel: "
         "OUT/traces/<row>.txt",
+    )  # fmt: skip
+    parser.add_argument(
+        "--host-profile", action="store_true",
+        help="after each row, cProfile 5 steps of ours and of ub=None on every rank; rank 0's "
+        "profile goes to OUT/host_profile-<row>-<column>.txt (where the host time goes)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.trace and not args.cuda:
