@@ -26,8 +26,10 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +189,65 @@ def time_op(
     return statistics.median(samples)
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """:func:`time_training_steps`' result: median GPU ms per step, median host ms to issue
+    one, and the GPU's mean SM clock (MHz) while the steps ran (NaN where NVML is missing)."""
+
+    ms: float
+    host_ms: float
+    sm_mhz: float
+
+
+class _ClockSampler:
+    """Samples this process's GPU's SM clock through NVML every 10 ms on a thread, while it
+    is entered. NOTE [step timing]: a long compute-bound step runs below the boost clock
+    (the board's power limit), and overlapping copies with GEMMs draws more power than
+    running them apart; the clock beside each column says where that, not the schedule,
+    decides a comparison."""
+
+    def __init__(self, device: int) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(device))
+            self._read = lambda: pynvml.nvmlDeviceGetClockInfo(self._handle, pynvml.NVML_CLOCK_SM)
+        except Exception:  # NVML missing or not usable: no clock column
+            self._read = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.samples.append(int(self._read()))
+
+    def __enter__(self) -> _ClockSampler:
+        if self._read is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._read is not None:
+            self._stop.set()
+            self._thread.join()
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples) if self.samples else float("nan")
+
+
+def _nvml_index(device: int) -> int:
+    """NVML's index of CUDA device ``device`` (they differ under CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        entries = [v.strip() for v in visible.split(",")]
+        if device < len(entries) and entries[device].isdigit():
+            return int(entries[device])
+    return device
+
+
 def time_training_steps(
     step: Callable[[], None],
     *,
@@ -194,9 +255,9 @@ def time_training_steps(
     warmup: int,
     cuda: bool,
     before: Callable[[], None] | None = None,
-) -> tuple[float, float]:
-    """``(ms, host_ms)``: the median GPU time of one training step and the median host time
-    to issue one, after ``warmup`` steps.
+) -> StepTiming:
+    """The median GPU time of one training step, the median host time to issue one and the
+    mean SM clock while they ran, after ``warmup`` steps.
 
     NOTE [step timing]: the steps run back to back, as a training loop runs them: no
     synchronization between steps, so the host may issue step i + 1 while the GPU runs step
@@ -206,7 +267,7 @@ def time_training_steps(
     the host, not by the GPU). Synchronizing around every step instead would charge each step
     the host's time to issue its first kernels and, with several ranks, the ranks' skew at
     every start. ``before`` (not timed) runs ahead of every step, e.g. to drop gradients. On
-    the host transport (no GPU) both are the wall-clock time of a step.
+    the host transport (no GPU) both times are the wall-clock time of a step.
     """
     import torch
 
@@ -222,20 +283,21 @@ def time_training_steps(
             t0 = time.perf_counter()
             step()
             host.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(host), statistics.median(host)
+        return StepTiming(statistics.median(host), statistics.median(host), float("nan"))
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     torch.cuda.synchronize()
-    events[0].record()
-    for i in range(iters):
-        if before is not None:
-            before()
-        t0 = time.perf_counter()
-        step()
-        host.append((time.perf_counter() - t0) * 1e3)
-        events[i + 1].record()
-    torch.cuda.synchronize()
+    with _ClockSampler(torch.cuda.current_device()) as clock:
+        events[0].record()
+        for i in range(iters):
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            step()
+            host.append((time.perf_counter() - t0) * 1e3)
+            events[i + 1].record()
+        torch.cuda.synchronize()
     gpu = [events[i].elapsed_time(events[i + 1]) for i in range(iters)]
-    return statistics.median(gpu), statistics.median(host)
+    return StepTiming(statistics.median(gpu), statistics.median(host), clock.mean)
 
 
 def device_barrier(group: Any = None) -> Callable[[], None]:
@@ -471,6 +533,16 @@ def max_over_ranks(value: float) -> float:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return max(out)
+
+
+def min_clock(mhz: float) -> float | None:
+    """The lowest over ranks of an SM clock sample mean (COLLECTIVE); None without NVML."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mhz)
+    known = [v for v in out if not math.isnan(v)]
+    return min(known) if known else None
 
 
 def first_error(error: str | None) -> str | None:

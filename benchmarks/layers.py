@@ -29,7 +29,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.common import StepTiming
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,9 +74,9 @@ def _input(module: str, dims: tuple[int, ...], tokens: int, tp: int, device: Any
 
 def _time_steps(
     layer: Any, x: Any, *, fp8: bool, iters: int, warmup: int, cuda: bool
-) -> tuple[float, float]:
-    """Median ms of forward + backward (a fixed output gradient) and of the host's time to
-    issue it, steps back to back (NOTE [step timing] in benchmarks/common.py)."""
+) -> StepTiming:
+    """Median ms of forward + backward (a fixed output gradient), of the host's time to issue
+    it, and the SM clock, steps back to back (NOTE [step timing] in benchmarks/common.py)."""
     import torch
 
     from benchmarks.common import time_training_steps
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import overlap
-    from benchmarks.common import max_over_ranks
+    from benchmarks.common import max_over_ranks, min_clock
     from overlap.launch import init_torch_distributed
 
     cuda = args.cuda
@@ -147,11 +150,12 @@ def run(args: argparse.Namespace) -> None:
                         if cuda:
                             torch.cuda.synchronize()
                             torch.cuda.reset_peak_memory_stats()
-                        ms, host_ms = _time_steps(
+                        timing = _time_steps(
                             layer, x, fp8=fp8, iters=args.iters, warmup=args.warmup, cuda=cuda
                         )
-                        row[f"ms_{name}"] = max_over_ranks(ms)
-                        row[f"host_ms_{name}"] = max_over_ranks(host_ms)
+                        row[f"ms_{name}"] = max_over_ranks(timing.ms)
+                        row[f"host_ms_{name}"] = max_over_ranks(timing.host_ms)
+                        row[f"sm_mhz_{name}"] = min_clock(timing.sm_mhz)
                         row[f"peak_mb_{name}"] = max_over_ranks(_peak(cuda) / 2**20)
                         del layer
                     row["speedup"] = row["ms_none"] / row["ms_ub"]
@@ -185,6 +189,7 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
         ("module", "module"), ("shape", "shape"), ("tokens", "T"), ("tp", "tp"),
         ("dtype", "dtype"), ("ms_none", "ms ub=None"), ("ms_ub", "ms ub"),
         ("speedup", "speed-up"), ("host_ms_none", "host ms None"), ("host_ms_ub", "host ms ub"),
+        ("sm_mhz_none", "MHz None"), ("sm_mhz_ub", "MHz ub"),
         ("tokens_per_s_ub", "tokens/s ub"),
         ("peak_mb_none", "peak MiB None"), ("peak_mb_ub", "peak MiB ub"),
         ("ub_bytes", "ub bytes/rank"),
@@ -221,6 +226,7 @@ DEFINITIONS = {
     "ms_ub": "median ms of forward + backward with userbuffers (initialize_ub defaults), max "
     "over ranks, steps back to back (NOTE [step timing] in benchmarks/common.py)",
     "host_ms_*": "median ms the host takes to issue one step; near ms_*: the row is host-bound",
+    "sm_mhz_*": "mean SM clock (NVML) over the timed steps, the lowest over ranks",
     "ms_none": "the same with ub=None (torch.distributed collectives, no overlap)",
     "speedup": "ms_none / ms_ub",
     "peak_mb_*": "torch.cuda.max_memory_allocated over the timed steps (userbuffers are not "

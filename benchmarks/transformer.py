@@ -51,7 +51,10 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.common import StepTiming
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -156,8 +159,8 @@ def parallelize_torch(block: Any, mesh: Any) -> Any:
 # ---- timing ----------------------------------------------------------------------------------
 
 
-def time_steps(step: Callable[[], None], *, iters: int, warmup: int, cuda: bool):
-    """``(ms, host_ms)`` of ``step()`` (NOTE [step timing] in benchmarks/common.py)."""
+def time_steps(step: Callable[[], None], *, iters: int, warmup: int, cuda: bool) -> StepTiming:
+    """``step()``'s timing (NOTE [step timing] in benchmarks/common.py)."""
     from benchmarks.common import time_training_steps
 
     return time_training_steps(step, iters=iters, warmup=warmup, cuda=cuda)
@@ -223,7 +226,7 @@ def _ours_step(dims, tokens, seq, ub, fp8, device, group=None) -> Callable[[], N
     return step
 
 
-def _ours(dims, tokens, seq, ub, fp8, device, args, group=None) -> tuple[float, float]:  # noqa: PLR0917
+def _ours(dims, tokens, seq, ub, fp8, device, args, group=None) -> StepTiming:  # noqa: PLR0917
     step = _ours_step(dims, tokens, seq, ub, fp8, device, group)
     return time_steps(step, iters=args.iters, warmup=args.warmup, cuda=device.type == "cuda")
 
@@ -235,7 +238,7 @@ def local_dims(dims: tuple[int, ...], tp: int) -> tuple[int, ...]:
     return (hidden, ffn // tp, heads // tp, groups // tp, d)
 
 
-def _torch(dims, tokens, seq, mode, device, args) -> tuple[float, float]:  # noqa: PLR0917
+def _torch(dims, tokens, seq, mode, device, args) -> StepTiming:  # noqa: PLR0917
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -296,7 +299,7 @@ def run(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import overlap
-    from benchmarks.common import max_over_ranks
+    from benchmarks.common import StepTiming, max_over_ranks, min_clock
     from overlap.launch import init_torch_distributed
 
     cuda = args.cuda
@@ -361,17 +364,19 @@ def run(args: argparse.Namespace) -> None:
                         torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats()
                     error = None
+                    nan = float("nan")
                     try:
-                        ms, host_ms = fn()
+                        timing = fn()
                     except Exception as exc:  # a peer's failure is a row's note, not a crash
-                        ms, host_ms = float("nan"), float("nan")
+                        timing = StepTiming(nan, nan, nan)
                         error = f"{type(exc).__name__}: {str(exc)[:160]}"
                     failed = max_over_ranks(0.0 if error is None else 1.0)
                     if failed:
                         reasons[col] = error or "failed on another rank"
                         continue
-                    row[f"ms_{col}"] = max_over_ranks(ms)
-                    row[f"host_ms_{col}"] = max_over_ranks(host_ms)
+                    row[f"ms_{col}"] = max_over_ranks(timing.ms)
+                    row[f"host_ms_{col}"] = max_over_ranks(timing.host_ms)
+                    row[f"sm_mhz_{col}"] = min_clock(timing.sm_mhz)
                     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0
                     row[f"peak_mb_{col}"] = max_over_ranks(peak)
                 if args.host_profile and "ms_ours" in row:
@@ -468,6 +473,7 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
         ("none_over_floor", "None/floor"), ("ours_over_floor", "ours/floor"),
         ("vs_best_peer", "best peer/ours"),
         ("host_ms_ours", "host ms ours"), ("host_ms_none", "host ms None"),
+        ("sm_mhz_ours", "MHz ours"), ("sm_mhz_none", "MHz None"), ("sm_mhz_floor", "MHz floor"),
         ("tokens_per_s", "tokens/s"), ("peak_mb_ours", "peak MiB"), ("ub_bytes", "ub bytes"),
     ]  # fmt: skip
     header = (

@@ -246,3 +246,25 @@ def test_launch_reruns_the_module_under_mpirun_without_launch(monkeypatch) -> No
     tail = [sys.executable, "-u", "-m", "benchmarks.overlap_ops", "--out", "x", "--full"]
     assert cmd[-len(tail) :] == tail
     assert f"PYTHONPATH={common.REPO}" in cmd
+
+
+def test_training_steps_on_the_host_time_each_step_and_run_before_untimed() -> None:
+    import math
+    import time as _time
+
+    from benchmarks.common import time_training_steps
+
+    calls: list[str] = []
+
+    def before() -> None:
+        calls.append("before")
+        _time.sleep(0.2)  # not timed
+
+    def step() -> None:
+        calls.append("step")
+        _time.sleep(0.005)
+
+    t = time_training_steps(step, iters=4, warmup=2, cuda=False, before=before)
+    assert calls == ["before", "step"] * 6
+    assert 4.5 <= t.ms < 150.0 and t.host_ms == t.ms  # before()'s 200 ms are not counted
+    assert math.isnan(t.sm_mhz)  # no GPU, no clock
