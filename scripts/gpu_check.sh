@@ -14,10 +14,10 @@
 # (the tensor-parallel layers' multi-rank tests and benchmark on all local GPUs;
 # LAYERS_BENCH_ARGS adds options, e.g. "--full"), transformer-bench (one transformer layer
 # against the peers; TRANSFORMER_BENCH_ARGS adds options), soak-cuda (10,000 random ops with
-# stalls and a killed rank), sanitizer (compute-sanitizer memcheck and racecheck over every op
-# kind), setup-cuda (set-up deadlines). Every step writes
-# its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S, default 300 s); a short summary
-# table is printed last.
+# stalls and a killed rank), abort-cuda (abort() ends a GPU wait), sanitizer
+# (compute-sanitizer memcheck and racecheck over every op kind), setup-cuda (set-up
+# deadlines). Every step writes its log into LOG_DIR and has a time limit (STEP_TIMEOUT_S,
+# default 300 s); a short summary table is printed last.
 set -uo pipefail
 LOG="${1:?usage: scripts/gpu_check.sh LOG_DIR [STEP...]}"
 shift
@@ -70,6 +70,7 @@ for s in "${STEPS[@]}"; do
         --cuda --out "$LOG" ${LAYERS_BENCH_ARGS:-} ;;
     graphs-cuda) step graphs graphs.log "${PYTEST[@]}" tests/distributed/test_graphs.py ;;
     soak-cuda) step soak soak.log "${PYTEST[@]}" -s tests/distributed/test_soak.py -k cuda_soak ;;
+    abort-cuda) step abort abort.log "${PYTEST[@]}" -s tests/distributed/test_abort_cuda.py ;;
     sanitizer) step sanit sanitizer.log "${PYTEST[@]}" tests/distributed/test_soak.py -k sanitizer ;;
     setup-cuda) step setup setup.log "${PYTEST[@]}" tests/distributed/test_setup_deadlines.py ;;
     quant-gpu) step quant quant.log "${PYTEST[@]}" tests/unit/test_quantize_gpu.py tests/unit/test_overlap_ops.py ;;
@@ -88,7 +89,7 @@ done
 echo
 echo "== gpu_check summary =="
 printf '%s\n' "${summary[@]}"
-for f in unit dist buffers quant ops graphs layers soak sanitizer setup; do
+for f in unit dist buffers quant ops graphs layers soak sanitizer setup abort; do
   [ -f "$LOG/$f.log" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG/$f.log" | tail -n 12
 done
 exit 0

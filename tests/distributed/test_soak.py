@@ -26,6 +26,7 @@ def test_cuda_soak_10000_ops() -> None:
     out = run_local_ranks(
         "soak_worker.py", 2, ["cuda", "10000", "1", "5", "1"], killed=[1], timeout_s=900
     )
+    print("\n".join(line for line in out.splitlines() if "soak rank=" in line))  # the counts
     assert "soak rank=0" in out
 
 
