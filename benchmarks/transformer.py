@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> None:
     dtypes = args.dtypes.split(",")
     te_reason = _te_unavailable()
     # NOTE [compute floor]: one group of this rank alone (every rank creates every group).
-    alone = [g for r, g in ((r, dist.new_group([r])) for r in range(tp)) if r == rank][0]
+    alone = [dist.new_group([r]) for r in range(tp)][rank]
     tracer = None
     if args.trace:
         from benchmarks.common import device_barrier
