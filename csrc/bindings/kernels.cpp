@@ -6,6 +6,7 @@
 
 #include "bindings/registry.h"
 #include "bindings/tensor_arg.h"
+#include "kernels/activation.h"
 #include "kernels/amax.h"
 #include "kernels/block_scaling.h"
 #include "kernels/cast.h"
@@ -63,7 +64,7 @@ void register_block_quantize(py::module_& k, const char* name, kernels::BlockSha
 }  // namespace
 
 void register_kernels(py::module_& m) {
-  py::module_ k = m.def_submodule("kernels", "Quantization and reduction kernels.");
+  py::module_ k = m.def_submodule("kernels", "Quantization, reduction and activation kernels.");
   k.def(
       "amax",
       [](py::handle x, py::handle out, std::uintptr_t stream) {
@@ -233,6 +234,30 @@ void register_kernels(py::module_& m) {
       py::arg("amax") = py::none(), py::arg("max_blocks") = 0, py::arg("stream") = 0,
       "reduce_partials over a list of separate tensors (on CUDA: reduce_pointers_cuda, the "
       "reduce-scatter's kernel, at most 64 inputs); max_blocks bounds the CUDA grid.");
+
+  k.def(
+      "swiglu_forward",
+      [](py::handle h, py::handle out, std::uintptr_t stream) {
+        const TensorRef hr = tensor_ref_from_py(h, "h");
+        const TensorRef o = tensor_ref_from_py(out, "out");
+        py::gil_scoped_release release;
+        kernels::swiglu_forward(hr, o, stream_from_py(stream));
+      },
+      py::arg("h"), py::arg("out"), py::kw_only(), py::arg("stream") = 0,
+      "out [rows, cols] = silu(h[:, :cols]) * h[:, cols:] for h [rows, 2 * cols] (fp32/fp16/"
+      "bf16, float32 math); see kernels/activation.h.");
+
+  k.def(
+      "swiglu_backward",
+      [](py::handle da, py::handle h, py::handle dh, std::uintptr_t stream) {
+        const TensorRef dar = tensor_ref_from_py(da, "da");
+        const TensorRef hr = tensor_ref_from_py(h, "h");
+        const TensorRef dhr = tensor_ref_from_py(dh, "dh");
+        py::gil_scoped_release release;
+        kernels::swiglu_backward(dar, hr, dhr, stream_from_py(stream));
+      },
+      py::arg("da"), py::arg("h"), py::arg("dh"), py::kw_only(), py::arg("stream") = 0,
+      "dh [rows, 2 * cols] = [d gate | d up] of swiglu_forward, from da [rows, cols] and h.");
 }
 
 }  // namespace overlap::bindings

@@ -13,6 +13,9 @@ std::int64_t TensorRef::numel() const {
 }
 
 bool TensorRef::is_contiguous() const {
+  // As torch defines it: a tensor without elements addresses no memory, whatever its strides
+  // (torch.empty(3, 0) has strides [1, 1]).
+  if (numel() == 0) return true;
   std::int64_t expected = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     if (shape[i] != 1 && strides[i] != expected) return false;

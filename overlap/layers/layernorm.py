@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from overlap.errors import ConfigError
+from overlap.layers._activation import swiglu
 from overlap.layers._functions import all_reduce_grad
 from overlap.layers._tp import TensorParallelGroup
 from overlap.layers.linear import (
@@ -243,8 +244,9 @@ class LayerNormMLP(ParallelLinearBase):
         ln = self.norm(x)
         h = self.fc1(ln, is_first_microbatch=is_first_microbatch)
         if self.activation is Activation.SWIGLU:
-            gate, up = h.chunk(2, dim=-1)
-            a = torch.nn.functional.silu(gate) * up
+            # One fused pass over h (NOTE [fused swiglu] in csrc/kernels/activation.h); h
+            # is fc1's fresh output, so contiguous() costs nothing but keeps the contract.
+            a = swiglu(h.contiguous())
         else:
             a = torch.nn.functional.gelu(h, approximate="tanh")
         y = self.fc2(a, is_first_microbatch=is_first_microbatch)
