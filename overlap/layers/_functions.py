@@ -102,7 +102,8 @@ class _ColumnParallel(torch.autograd.Function):
         out_dtype = x.dtype
         gemm_bias = None if bias is None else bias.to(out_dtype)
         if fp8 is None:
-            y = _ops.column_forward(
+            y = _ops.dispatch(
+                "column_forward",
                 x, None, weight, None, gemm_bias, spec.group_id, spec.gemm, spec.overlap_ag,
                 out_dtype,
             )  # fmt: skip
@@ -114,7 +115,8 @@ class _ColumnParallel(torch.autograd.Function):
             amax_group = spec.group.amax_group
             qx = fp8.state.input.quantize(x, amax_group=amax_group, rowwise=True, columnwise=False)
             qw = fp8.weight
-            y = _ops.column_forward(
+            y = _ops.dispatch(
+                "column_forward",
                 qx.rowwise_data, _scale(qx), qw.rowwise_data, _scale(qw), gemm_bias,
                 spec.group_id, spec.gemm, spec.overlap_ag, out_dtype,
             )  # fmt: skip
@@ -138,7 +140,8 @@ class _ColumnParallel(torch.autograd.Function):
         main_grad = ctx.main_grad if wgrad else None
         if not ctx.fp8:
             x, weight = ctx.saved_tensors
-            dx, dw = _ops.column_backward(
+            dx, dw = _ops.dispatch(
+                "column_backward",
                 dy, None, None, x, None, weight, None, main_grad, spec.group_id, spec.gemm,
                 spec.bulk_dgrad, spec.bulk_wgrad, spec.rs_dgrad, wgrad, ctx.x_dtype,
                 ctx.weight_dtype,
@@ -147,7 +150,8 @@ class _ColumnParallel(torch.autograd.Function):
             x, x_scale_inv, w_t, w_scale_inv = ctx.saved_tensors
             # dY stays local (each rank holds its own columns): its own scale.
             qdy = ctx.grad_quantizer.quantize(dy, rowwise=True, columnwise=wgrad)
-            dx, dw = _ops.column_backward(
+            dx, dw = _ops.dispatch(
+                "column_backward",
                 qdy.rowwise_data, _scale(qdy), qdy.columnwise_data, x, x_scale_inv, w_t,
                 w_scale_inv, main_grad, spec.group_id, spec.gemm, spec.bulk_dgrad,
                 spec.bulk_wgrad, spec.rs_dgrad, wgrad, ctx.x_dtype, ctx.weight_dtype,
@@ -173,15 +177,24 @@ class _RowParallel(torch.autograd.Function):
     ) -> torch.Tensor:
         out_dtype = x.dtype
         if fp8 is None:
-            y = _ops.row_forward(
-                x, None, weight, None, spec.group_id, spec.gemm, spec.overlap_rs, out_dtype
+            y = _ops.dispatch(
+                "row_forward",
+                x,
+                None,
+                weight,
+                None,
+                spec.group_id,
+                spec.gemm,
+                spec.overlap_rs,
+                out_dtype,
             )
             ctx.save_for_backward(x, weight)
         else:
             # x stays local: its own scale; the columnwise data feeds wgrad.
             qx = fp8.state.input.quantize(x, rowwise=True, columnwise=True)
             qw = fp8.weight
-            y = _ops.row_forward(
+            y = _ops.dispatch(
+                "row_forward",
                 qx.rowwise_data, _scale(qx), qw.rowwise_data, _scale(qw), spec.group_id,
                 spec.gemm, spec.overlap_rs, out_dtype,
             )  # fmt: skip
@@ -203,7 +216,8 @@ class _RowParallel(torch.autograd.Function):
         main_grad = ctx.main_grad if wgrad else None
         if not ctx.fp8:
             x, weight = ctx.saved_tensors
-            dx, dw = _ops.row_backward(
+            dx, dw = _ops.dispatch(
+                "row_backward",
                 dy, None, x, None, weight, None, main_grad, spec.group_id, spec.gemm,
                 spec.overlap_ag, wgrad, ctx.x_dtype, ctx.weight_dtype,
             )  # fmt: skip
@@ -214,7 +228,8 @@ class _RowParallel(torch.autograd.Function):
             qdy = ctx.grad_quantizer.quantize(
                 dy, amax_group=amax_group, rowwise=True, columnwise=False
             )
-            dx, dw = _ops.row_backward(
+            dx, dw = _ops.dispatch(
+                "row_backward",
                 qdy.rowwise_data, _scale(qdy), x_t, x_scale_inv, w_t, w_scale_inv, main_grad,
                 spec.group_id, spec.gemm, spec.overlap_ag, wgrad, ctx.x_dtype, ctx.weight_dtype,
             )  # fmt: skip
@@ -234,7 +249,7 @@ class _AllReduceGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _ops.tp_all_reduce(grad.contiguous(), ctx.group.id), None
+        return _ops.dispatch("tp_all_reduce", grad.contiguous(), ctx.group.id), None
 
 
 def column_parallel(

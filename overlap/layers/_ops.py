@@ -31,6 +31,8 @@ row wgrad              ``dW = AG(dY)^T X`` from the kept dY, same op      GEMM
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from overlap.gemm import gemm
@@ -43,7 +45,14 @@ from overlap.quantization import (
     transpose_fp8,
 )
 
-__all__ = ["column_backward", "column_forward", "row_backward", "row_forward", "tp_all_reduce"]
+__all__ = [
+    "column_backward",
+    "column_forward",
+    "dispatch",
+    "row_backward",
+    "row_forward",
+    "tp_all_reduce",
+]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -91,8 +100,7 @@ def _check_tokens(tp: TensorParallelGroup, tokens: int, what: str) -> None:
 # ---- column-parallel ---------------------------------------------------------------------------
 
 
-@torch.library.custom_op("overlap::column_forward", mutates_args=())
-def column_forward(  # noqa: PLR0917 (a schema is positional)
+def _column_forward(  # noqa: PLR0917 (a schema is positional)
     x: torch.Tensor,
     x_scale_inv: torch.Tensor | None,
     weight: torch.Tensor,
@@ -127,6 +135,11 @@ def column_forward(  # noqa: PLR0917 (a schema is positional)
     )
 
 
+column_forward = torch.library.custom_op(
+    "overlap::column_forward", _column_forward, mutates_args=()
+)
+
+
 @column_forward.register_fake
 def _(  # noqa: PLR0917
     x, x_scale_inv, weight, weight_scale_inv, bias, group_id, gemm_name, overlap, out_dtype
@@ -135,8 +148,7 @@ def _(  # noqa: PLR0917
     return x.new_empty((tp.size * x.shape[0], weight.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("overlap::column_backward", mutates_args=("main_grad",))
-def column_backward(  # noqa: PLR0917 (a schema is positional)
+def _column_backward(  # noqa: PLR0917 (a schema is positional)
     dy: torch.Tensor,
     dy_scale_inv: torch.Tensor | None,
     dy_t: torch.Tensor | None,
@@ -224,6 +236,11 @@ def column_backward(  # noqa: PLR0917 (a schema is positional)
     return dx, dw
 
 
+column_backward = torch.library.custom_op(
+    "overlap::column_backward", _column_backward, mutates_args=("main_grad",)
+)
+
+
 @column_backward.register_fake
 def _(  # noqa: PLR0917
     dy,
@@ -254,8 +271,7 @@ def _(  # noqa: PLR0917
 # ---- row-parallel ------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("overlap::row_forward", mutates_args=())
-def row_forward(  # noqa: PLR0917 (a schema is positional)
+def _row_forward(  # noqa: PLR0917 (a schema is positional)
     x: torch.Tensor,
     x_scale_inv: torch.Tensor | None,
     weight: torch.Tensor,
@@ -297,6 +313,9 @@ def row_forward(  # noqa: PLR0917 (a schema is positional)
     return tp.reduce_scatter_rows(partial)
 
 
+row_forward = torch.library.custom_op("overlap::row_forward", _row_forward, mutates_args=())
+
+
 @row_forward.register_fake
 def _(  # noqa: PLR0917
     x, x_scale_inv, weight, weight_scale_inv, group_id, gemm_name, overlap, out_dtype
@@ -305,8 +324,7 @@ def _(  # noqa: PLR0917
     return x.new_empty((x.shape[0] // tp.size, weight.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("overlap::row_backward", mutates_args=("main_grad",))
-def row_backward(  # noqa: PLR0917 (a schema is positional)
+def _row_backward(  # noqa: PLR0917 (a schema is positional)
     dy: torch.Tensor,
     dy_scale_inv: torch.Tensor | None,
     x_wgrad: torch.Tensor,
@@ -372,6 +390,11 @@ def row_backward(  # noqa: PLR0917 (a schema is positional)
     return dx, gemm(w_a, x_wgrad, out_dtype=dw_dtype, fast_accum=False, **w_kw)
 
 
+row_backward = torch.library.custom_op(
+    "overlap::row_backward", _row_backward, mutates_args=("main_grad",)
+)
+
+
 @row_backward.register_fake
 def _(  # noqa: PLR0917
     dy,
@@ -400,13 +423,46 @@ def _(  # noqa: PLR0917
 # ---- replicated parameters ---------------------------------------------------------------------
 
 
-@torch.library.custom_op("overlap::tp_all_reduce", mutates_args=())
-def tp_all_reduce(x: torch.Tensor, group_id: int) -> torch.Tensor:
+def _tp_all_reduce(x: torch.Tensor, group_id: int) -> torch.Tensor:
     """The sum over the TP group of ``x``: the gradient of a parameter every rank holds whole
     but applies to its own tokens only (norm weights, a row-parallel bias)."""
     return lookup_group(group_id).all_reduce_sum(x)
 
 
+tp_all_reduce = torch.library.custom_op("overlap::tp_all_reduce", _tp_all_reduce, mutates_args=())
+
+
 @tp_all_reduce.register_fake
 def _(x, group_id):
     return torch.empty_like(x)
+
+
+# ---- eager dispatch ----------------------------------------------------------------------------
+
+# NOTE [eager dispatch]: outside a compiler's trace the layers call each op's Python function
+# straight away: the torch.library dispatch (schema defaults, the autograd and ADInplaceOrView
+# keys, the alias check of the outputs) costs tens of microseconds per call of these wide
+# schemas, on the host, in every step, for nothing an eager caller needs (the layers' own
+# autograd functions already handle autograd, and the outputs are new tensors). While
+# torch.compile traces (dynamo, or a dispatch mode such as AOTAutograd's fake and proxy modes)
+# the custom op runs, so the graph holds the opaque node. Verdict: eager skips the dispatcher,
+# tracing never does.
+_OPS = {
+    "column_forward": (column_forward, _column_forward),
+    "column_backward": (column_backward, _column_backward),
+    "row_forward": (row_forward, _row_forward),
+    "row_backward": (row_backward, _row_backward),
+    "tp_all_reduce": (tp_all_reduce, _tp_all_reduce),
+}
+
+
+def _tracing() -> bool:
+    """A compiler traces (dynamo), or a dispatch mode (fake, proxy, a user's) is active."""
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+
+
+def dispatch(name: str, *args: Any) -> Any:
+    """Run the layer op ``name`` (NOTE [eager dispatch]): its custom op while tracing, its
+    function directly otherwise."""
+    op, fn = _OPS[name]
+    return op(*args) if _tracing() else fn(*args)
