@@ -56,3 +56,17 @@ def test_transformer_benchmark_on_host(tmp_path: Path) -> None:
     assert rows[0]["ms_torch_eager"] > 0  # PyTorch's DTensor TP runs on gloo too
     assert "torchao" in rows[1]["na"]["torch_eager"] or rows[1]["na"]["torch_eager"]
     assert result["summary"]["rows"] == 2
+
+
+def test_host_time_benchmark_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "host_time.json"
+    cmd = [sys.executable, "-m", "benchmarks.host_time", "--iters", "3", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["module"], r["dtype"]) for r in rows} == {
+        (m, d)
+        for m in ("LayerNormLinear", "RowParallelLinear", "LayerNormMLP", "TransformerLayer")
+        for d in ("bf16", "fp8")
+    }
+    assert all(r["host_us"] > 0 for r in rows)
