@@ -48,11 +48,8 @@ ALLOWED: dict[str, set[str]] = {
     "numbered seed threads": set(),
 }
 # csrc files whose comments still hold dated measurements (to be moved to the performance
-# log, section 8 there lists them): THIS LIST MUST SHRINK TO EMPTY as well.
-DATED_ALLOWED = {
-    "csrc/comm/cuda/cuda_memory.h",
-    "csrc/comm/cuda/cuda_transport.cpp",
-}
+# log): empty, and it stays so.
+DATED_ALLOWED: set[str] = set()
 
 TEXT_SUFFIXES = {
     ".py",
