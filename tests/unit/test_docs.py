@@ -9,6 +9,8 @@
   heading) that exists.
 * No comment in csrc carries a dated measurement: those belong in docs/performance-log.md
   (docs/design.md §8).
+* Every reference to a NOTE names one that is written down somewhere (``NOTE [name]:`` or
+  ``NOTE [name] (...)``), so that renaming or deleting a NOTE cannot leave its readers behind.
 """
 
 from __future__ import annotations
@@ -216,3 +218,29 @@ def test_no_dated_measurements_in_csrc_comments(texts: dict[str, str]) -> None:
     assert not unexpected, f"dated measurements in comments (move them to the log): {unexpected}"
     done = sorted(DATED_ALLOWED - found)
     assert not done, f"no dated measurements left; delete them from DATED_ALLOWED: {done}"
+
+
+# A NOTE is written down as "NOTE [name]:" or "NOTE [name] (...)"; every other mention of it
+# refers to it. The performance log quotes old comments and is neither.
+NOTE_REF = re.compile(r"NOTE \[([^\]\n]+)\]")
+NOTE_DEF = re.compile(r"NOTE \[([^\]\n]+)\](?::| \()")
+NOTE_PLACEHOLDERS = {"topic", "<op> layout", "<op> schedule"}  # the forms, in the documents
+
+
+def _note_text(text: str) -> str:
+    """_joined, with Python's adjacent string literals joined too (a name split over two)."""
+    return _joined(re.sub(r"\"\s*\n\s*\"", "", text))
+
+
+def test_note_references_name_existing_notes(texts: dict[str, str]) -> None:
+    notes = {n: _note_text(t) for n, t in texts.items() if n != "docs/performance-log.md"}
+    defined = {m.group(1) for t in notes.values() for m in NOTE_DEF.finditer(t)}
+    bad = sorted(
+        {
+            f"{name}: [{m.group(1)}]"
+            for name, text in notes.items()
+            for m in NOTE_REF.finditer(text)
+            if m.group(1) not in defined and m.group(1) not in NOTE_PLACEHOLDERS
+        }
+    )
+    assert not bad, "references to a NOTE that is written down nowhere:\n" + "\n".join(bad)
