@@ -11,10 +11,14 @@
   (docs/design.md §8).
 * Every reference to a NOTE names one that is written down somewhere (``NOTE [name]:`` or
   ``NOTE [name] (...)``), so that renaming or deleting a NOTE cannot leave its readers behind.
+* A Python module of the package, the benchmarks, the examples or the scripts that runs past
+  LONG_MODULE_LINES lines says at the end of its docstring why it stays one file
+  (``One file: ...``); split it otherwise.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -244,3 +248,25 @@ def test_note_references_name_existing_notes(texts: dict[str, str]) -> None:
         }
     )
     assert not bad, "references to a NOTE that is written down nowhere:\n" + "\n".join(bad)
+
+
+LONG_MODULE_LINES = 600
+LONG_MODULE_DIRS = ("overlap/", "benchmarks/", "examples/", "scripts/")
+ONE_FILE = "One file:"
+
+
+def test_long_modules_say_why_they_stay_one_file(texts: dict[str, str]) -> None:
+    bad = []
+    for name, text in sorted(texts.items()):
+        if not name.endswith(".py") or not name.startswith(LONG_MODULE_DIRS):
+            continue
+        lines = len(text.splitlines())
+        if lines <= LONG_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if ONE_FILE not in doc:
+            bad.append(f"{name}: {lines} lines")
+    assert not bad, (
+        f"modules over {LONG_MODULE_LINES} lines without a reason in their docstring "
+        f"('{ONE_FILE} ...' at its end: why it stays one file), or split them:\n" + "\n".join(bad)
+    )
