@@ -14,6 +14,9 @@
 
 Times are medians of >= 20 timed iterations after warm-up, measured with CUDA events on GPUs
 (wall clock on the host transport), then the maximum over ranks.
+
+One file: every benchmark module takes its launching, timing and reporting from here, so the
+docs/design.md §6 protocol stays in one place (the parts share the rank collectives).
 """
 
 from __future__ import annotations

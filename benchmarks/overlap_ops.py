@@ -60,10 +60,8 @@ slowed by the GEMM. The bytes moved: an AG+GEMM row's all-gather of the shard (a
 ``T_comm_ours``); for a GEMM+RS row, our all-gather of an ``[M / tp, N]`` slice of the partial
 sums, which sends and receives per rank exactly the bytes the reduce-scatter pulls, without
 its reduction. The reduction is left out on purpose: it is an SM kernel, which beside a GEMM
-that holds every SM waits for the GEMM's end (measured: our whole reduce-scatter beside the
-GEMM, no dependency, ran about as long as one after the other, e.g. proj bf16 TP 4 0.657 ms
-against 0.358 + 0.341), so it would measure the SM scheduler, not contention; every
-deterministic GEMM+RS pays it on top (about 0.04 ms for proj bf16 TP 4). ``conc/floor`` in the
+that holds every SM waits for the GEMM's end, so it would measure the SM scheduler, not
+contention; every deterministic GEMM+RS pays it on top. ``conc/floor`` in the
 table: where it exceeds 1.10, no schedule of these cuBLASLt GEMMs beside these copies meets
 the docs/design.md §6 target on that row; ``ours_over_concurrent`` (JSON) is what our schedule (and
 a GEMM+RS's reduction) adds to it. A yardstick rather than a strict bound: a schedule that
@@ -72,14 +70,10 @@ handshake (one small kernel) may wait for an SM until the GEMM's blocks retire, 
 a few microseconds to it. On the host transport, which has no streams, the two run one after
 the other.
 
-Measured on 4xH200 (``--full``, 2026-11-22; TP 4 on all four GPUs, TP 2 on two groups):
-``conc/floor`` was at most 1.082 at TP 4 (median 1.029) and 1.102 at TP 2 (median 1.031),
-so even an overlap whose dependencies cost nothing sits at the median target. The AG+GEMMs
-came within a few percent of it (``ours_over_concurrent`` 0.98-1.05 at TP 4, 0.98-1.03 at
-TP 2): their misses are contention. The comm-bound GEMM+RSs did not (TP 4 proj bf16 M 8192
-0.447 ms against 0.387, te4096 FP8 0.248 against 0.208): their bytes exist only once the
-GEMM has computed them, and the reduction follows (NOTE [gemm_rs pieces] in
-csrc/comm/overlap/gemm_rs.cpp), so ``pipeline_floor`` is the nearer yardstick there.
+Verdict: the AG+GEMMs' misses are contention; the comm-bound GEMM+RSs' bytes exist only once
+the GEMM has computed them, and the reduction follows (NOTE [gemm_rs pieces] in
+csrc/comm/overlap/gemm_rs.cpp), so ``pipeline_floor`` is the nearer yardstick there. Measured:
+docs/performance-log.md [concurrent floor].
 
 NOTE [host-bound rows]: on GPUs every call's host enqueue time is measured too (the median of
 its warm-up calls, max over ranks): ``host`` in the table (the best variant's), and

@@ -44,6 +44,10 @@ by the next eager call), and results differ from untuned ones only by the algori
 It is on by default with 8 candidates; ``OVERLAP_GEMM_AUTOTUNE=0`` or
 :func:`set_autotune_config` turn it off. :func:`autotune` pre-tunes a list of problems at
 start-up, so that no GEMM of a pipelined overlap schedule tunes mid-flight.
+
+One file: :func:`gemm`, the tuning controls and :func:`autotune` wrap one core module
+(``overlap._C``'s GEMM) with shared scaling and stream helpers, under the one contract this
+docstring states.
 """
 
 from __future__ import annotations

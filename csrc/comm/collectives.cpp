@@ -12,14 +12,12 @@ namespace overlap::comm {
 
 namespace {
 
-// Lanes per peer of an all-gather: `put_split` copy-engine lanes, plus one SM lane when part
-// of the bytes goes through the SM copy kernel (NOTE [sm puts]).
+// Lanes per peer of an all-gather: `put_split`, plus one for the SM copy (NOTE [sm puts]).
 int lanes_per_peer(const SymmetricBuffer& buf) {
   return buf.put_split() + (buf.sm_percent() > 0 ? 1 : 0);
 }
 
-// The first lane of the copies to or from the i-th peer in ring order (i = 1..n-1); lane 0 is
-// the caller's stream. NOTE [serial puts]: all peers share lanes 1..lanes_per_peer.
+// The first lane of the i-th peer in ring order (NOTE [serial puts]: all peers share theirs).
 int first_lane(const SymmetricBuffer& buf, int i) {
   return 1 + (buf.serial_puts() ? 0 : (i - 1) * lanes_per_peer(buf));
 }
@@ -42,10 +40,8 @@ int gather_lanes(const SymmetricBuffer& buf) {
   return 1 + (buf.serial_puts() ? 1 : buf.size() - 1) * lanes_per_peer(buf);
 }
 
-// Copies slot `src_rank` of every part from `from`'s region (or from the parts' inputs) to
-// `to`'s region on lanes first..first+lanes_per_peer-1: the first sm_percent % of each part
-// (rounded to 16 bytes) by the SM kernel on the last lane, the rest in put_split slices by the
-// copy engines. Lane `first` then waits for the others.
+// Copies slot `src_rank` of every part to `to`'s region on lanes first..: sm_percent % by the
+// SM kernel on the last lane, the rest in put_split slices; lane `first` then waits for them.
 void put_slot(SymmetricBuffer& buf, const std::vector<GatherPart>& parts, int src_rank, int from,
               int to, int first, bool from_input, cudaStream_t stream) {
   Transport& t = buf.transport();
@@ -68,10 +64,7 @@ void put_slot(SymmetricBuffer& buf, const std::vector<GatherPart>& parts, int sr
   for (int j = 1; j < lanes; ++j) t.lane_wait(stream, first, first + j);
 }
 
-// The handshake after which every rank's data is in place (all_gather: our shard in every
-// peer's region, or in our own slot for the pulls; reduce_scatter: our partials in our
-// region): signal kData to every peer and wait for every peer's (NOTE [handshakes] in
-// transport.h: one kernel on cuda).
+// The handshake after which every rank's data is in place (NOTE [handshakes]).
 void data_handshake(SymmetricBuffer& buf, std::uint64_t epoch, const char* op,
                     cudaStream_t stream) {
   const int r = buf.rank();
@@ -87,9 +80,7 @@ void data_handshake(SymmetricBuffer& buf, std::uint64_t epoch, const char* op,
   buf.transport().handshake(h, stream, 0);
 }
 
-// Push: begin_op has waited for every acknowledgement (a handshake); lane 0 copies our shard
-// into our own slot while the put lanes copy it into slot r of every peer; once all are done,
-// one handshake announces our shard to every peer and waits for theirs.
+// Push: our shard into our slot (lane 0) and every peer's slot r, then one data handshake.
 void gather_by_pushes(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
                       std::uint64_t epoch, cudaStream_t stream) {
   Transport& t = buf.transport();
@@ -106,10 +97,7 @@ void gather_by_pushes(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
   data_handshake(buf, epoch, "all_gather", stream);
 }
 
-// Pull: we copy our shard into our own slot, announce it to every peer and wait for theirs
-// (one handshake); the lanes of peer i then copy its slot i from its region into ours. A peer
-// reads our slot until it enters the next op, whose acknowledgements we wait for before we
-// write our slot again (NOTE [buffer reuse]).
+// Pull: our shard into our slot, one data handshake, then every peer's slot into ours.
 void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
                      std::uint64_t epoch, cudaStream_t stream) {
   Transport& t = buf.transport();
@@ -129,40 +117,15 @@ void gather_by_pulls(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
 
 }  // namespace
 
-// Timeline of rank r (n ranks), push mode with serial puts, the default (pull mode:
-// gather_by_pulls):
-//
+// Timeline of rank r, pushes with serial puts (the default):
 // clang-format off
 //   stream | begin_op: handshake kAck(e) | fork | put own chunk -> own slot r          | join | handshake kData(e)
-//   lane 1 |                             |      | put own chunk -> slot r of r+1; then |      |
-//          |                             |      |   r+2, ..., r-1                      |      |
+//   lane 1 |                             |      | put own chunk -> slot r of r+1; then r+2, ..., r-1 | |
 // clang-format on
-//
-// Without serial puts, lane i carries the put to peer r+i, all at once. The puts are
-// copy-engine copies; the two handshakes are one-block kernels on cuda (NOTE [handshakes] in
-// transport.h), so the all-gather takes one SM for a few us at its start and end, and no SM
-// while the data moves unless sm_share is set. NOTE [serial puts] in symmetric_buffer.h says
-// why one lane: a GPU's copy engines send as fast to one peer as to all.
-//
-// NOTE [gather handshakes]: the ranks meet twice, at the start (every peer has finished the
-// previous op: its acknowledgement) and at the end (every peer's shard is in place), each
-// time in ONE handshake kernel that signals every peer and polls every peer's flag. An
-// earlier design let each put lane wait for its own peer's acknowledgement right before
-// writing into it (NOTE [deferred acknowledgements] in op_protocol.h) and announced each
-// peer's chunk on a lane of its own as soon as it was written, all with stream memory
-// operations (13-15 us a hop, NOTE [cuda transport design]); ~8.6 us passed between
-// consecutive pushes and ~32 us from the last push to the next op's first. Measured on 4xH200
-// (benchmarks.baseline_collectives, bf16, push1s, GPU time in us, two interleaved runs each;
-// NCCL: 47.5, 109, 347, 661):
-//
-//   MB                                  8            32           128          256
-//   memory operations (before)    58.1-58.6   108.5-109.3   313.2-316.2   576.8-621.1
-//   deferred acks + end handshake 54.5-55.3   104.7-105.4   307.5-308.1   562.7-563.3
-//   both handshakes (kept)        45.2-45.5    97.1-97.4    299.1-299.4   554.7-555.7
-//
-// i.e. NCCL time / ours 0.81 -> 1.04 at 8 MB, 1.00 -> 1.12 at 32 MB, 1.10 -> 1.16 at 128 MB,
-// 1.08-1.15 -> 1.19 at 256 MB; the pulls gained as much (8 MB 68.6 -> 53.7 us). Waiting for
-// every peer up front costs nothing here: each rank waits for every peer's shard anyway.
+// NOTE [gather handshakes]: the ranks meet twice (acknowledgements, every shard in place), each
+// time in ONE handshake kernel; waiting for every peer up front costs nothing (each rank waits
+// for every shard anyway). Verdict: two handshakes, faster than deferred acknowledgements and
+// per-peer memops at every size. Measured: docs/performance-log.md [gather handshakes].
 void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts,
                       cudaStream_t stream) {
   const int n = buf.size();
@@ -185,9 +148,7 @@ void all_gather_parts(SymmetricBuffer& buf, const std::vector<GatherPart>& parts
     }
     arg = mix_arg(mix_arg(mix_arg(arg, a.offset), a.chunk_bytes), a.type);
   }
-  // Pushes only write peers' regions (no peer reads ours); all acknowledgements are awaited
-  // up front in one handshake all the same (NOTE [gather handshakes]). Pulls and pushes do
-  // not mix (a pulling rank writes no peer's slot): the mode is part of the op record.
+  // NOTE [gather handshakes]; the mode is part of the op record (pulls and pushes don't mix).
   const bool pull = buf.pull_gather();
   arg = mix_arg(arg, pull);
   const std::uint64_t epoch = begin_op(buf, OpCode::kAllGather, arg, "all_gather", stream,
@@ -204,10 +165,8 @@ void all_gather(SymmetricBuffer& buf, const void* input, std::size_t chunk_bytes
   all_gather_parts(buf, {GatherPart{input, 0, chunk_bytes, type}}, stream);
 }
 
-// Timeline of rank r: begin_op | publish own partials (all chunks) in own region, signal
-// kData to every peer | wait kData from every peer | reduce chunk r of all regions (pulls over
-// the mapped peer pointers) into `output`. Peers are released by the next op's begin_op. With
-// the partials already in place, begin_op | reduce (NOTE [partials in place]).
+// Rank r: begin_op | own partials into own region | data handshake | reduce chunk r of every
+// region (peer loads) into `output`. With the partials in place: begin_op | reduce.
 void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::size_t count,
                     DType dtype, cudaStream_t stream) {
   const int r = buf.rank();
@@ -222,9 +181,7 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
                                        << " bytes; create a larger buffer");
   const std::size_t chunk_bytes = count * dtype_size(dtype);
   buf.check_ready("reduce_scatter");  // data(k) below needs every peer mapped
-  // The output must not alias any region: our reduction would overwrite partials that the
-  // peers are still summing (they read our region until they enter the next op). The input
-  // is our own region from its start (NOTE [partials in place]) or lies outside all of them.
+  // An output in a region would overwrite partials the peers are still summing.
   const int output_in = region_of(buf, output, chunk_bytes);
   OVERLAP_CHECK_ARG(output_in < 0, "reduce_scatter: the output overlaps the "
                                        << region_name(buf, output_in)
@@ -236,18 +193,11 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
                                       << " of the symmetric buffer but is not this rank's "
                                          "partials in place (a view at offset 0); pass such a "
                                          "view or a tensor outside the buffer");
-  // NOTE [partials in place]: when every rank's partials are already in its region (a GEMM
-  // wrote them there before the op), the acknowledgements of begin_op also say "my partials
-  // are there": each is signalled after the rank's earlier work on the stream, with a memory
-  // barrier. Then no kData round is needed. Whether the input is in place is part of the op
-  // record, so the ranks agree on it.
+  // NOTE [partials in place]: when every rank's partials are already in its region, begin_op's
+  // acknowledgements (signalled after the rank's earlier work, with a memory barrier) also say
+  // "my partials are there": no kData round. Part of the op record, so the ranks agree.
   const bool in_place = input == buf.data(r);
-  // Both rounds as handshakes (NOTE [handshakes] in transport.h): the reduction takes the SMs
-  // right after them anyway. Measured on 4xH200 (benchmarks/baseline_collectives, bf16, NCCL
-  // time / ours; before: stream memory operations): 8 MB 0.911-0.934 -> 1.157, 32 MB
-  // 0.987-1.014 -> 1.075, 128 MB 1.014-1.020 -> 1.062, 256 MB 1.011-1.020 -> 1.046.
-  // The dtype too: ranks summing bf16 against fp16 partials of one size would add each
-  // other's bits reinterpreted.
+  // Handshakes as in NOTE [gather handshakes]: the reduction takes the SMs next anyway.
   const std::uint64_t arg =
       mix_arg(mix_arg(chunk_bytes, in_place), static_cast<std::uint64_t>(dtype));
   const std::uint64_t epoch = begin_op(buf, OpCode::kReduceScatter, arg, "reduce_scatter", stream,
@@ -257,7 +207,7 @@ void reduce_scatter(SymmetricBuffer& buf, const void* input, void* output, std::
     t.put(buf.data(r), input, chunk_bytes * n, stream, 0);
     data_handshake(buf, epoch, "reduce_scatter", stream);
   }
-  // Summed in rank order on every rank, so results do not depend on which rank computed them.
+  // Rank order: the same sum on every rank.
   std::vector<const void*> partials(n);
   for (int k = 0; k < n; ++k) partials[k] = buf.data(k) + r * chunk_bytes;
   ReduceOutput o;

@@ -8,24 +8,17 @@ namespace overlap::comm {
 
 namespace {
 
-// NOTE [op records]: every rank writes "I issue op #e: <op, argument hash>" into its record
-// slot of every peer's flags before it acknowledges entering op e; after the acknowledgements
-// it compares the records of peers that are at the same epoch with its own. A peer can be at
-// most one op ahead by then (it cannot pass op e+1's acknowledgements without us), so records
-// alternate between two slots by epoch parity and op e's record is still there to compare. Ranks
-// that call different ops (or the same op with different sizes) on one buffer thus get a typed
-// error naming both calls, instead of silently exchanging the wrong bytes. The check is on the
-// host, at issue time, and best effort on cuda (a peer's host may already be further ahead).
+// NOTE [op records]: before acknowledging op e, every rank writes "op #e: <op, argument hash>"
+// into its record slot in every peer's flags, and afterwards compares the records of peers at
+// the same epoch with its own. A peer is at most one op ahead, so two slots alternating by
+// epoch parity suffice. Ranks calling different ops (or sizes) get a typed error naming both
+// instead of exchanging the wrong bytes. Checked on the host at issue time; best effort on cuda.
 //
-// NOTE [op sequence]: on the host transport begin_op has waited for every peer's
-// acknowledgement of our epoch e before it compares, so each peer has written a record for an
-// epoch >= e. If its ops are in step with ours, that record is e's, or the next op's, which
-// lies an odd number of epochs later (every op takes an odd number: kPieceEpochs,
-// gemm_rs_ring_epochs) and so sits in the other slot; and the peer cannot open a third op
-// before we acknowledge it. So e's slot must hold e: any other epoch there means the peers'
-// op sequences are out of step (an op failed or was skipped on one rank), and the op must not
-// run, since a flag left by another op could satisfy its waits. Verdict: raise on the host;
-// on cuda, where waits are stream-ordered and a peer's host may be behind, skip such records.
+// NOTE [op sequence]: on the host transport every peer has acknowledged e before we compare,
+// and the next op lies an odd number of epochs later (the other slot), so e's slot must hold e:
+// any other epoch means the op sequences are out of step (an op failed or was skipped on one
+// rank) and a leftover flag could satisfy this op's waits. Verdict: raise on the host; on cuda,
+// where a peer's host may be behind, skip such records.
 constexpr int kEpochShift = 24;
 
 FlagSlot record_slot(std::uint64_t epoch) {
@@ -104,16 +97,11 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
   for (int i = 1; i < n; ++i) {
     __atomic_store_n(buf.flag((r + i) % n, r, record_slot(epoch)), record, __ATOMIC_RELEASE);
   }
-  // kAck = e: "I have entered op e, so I read nothing of op e-1 any more". Waiting for e (not
-  // e-1) makes even the first op a barrier, after which every peer's op record is visible.
-  // NOTE [acknowledgement order]: the signals are stream memory operations issued one after
-  // another (a memory barrier each), so the last peer gets its acknowledgement several us
-  // after the first. They go in reverse ring order (r-1 first): ring-order pushes (staggered
-  // puts, serial all-gather puts) write into r+1 first, so r-1 needs ours first. Measured on
-  // 4xH200 (all-gather push1s, ms, median of 4 interleaved passes, one run): 128 MB 0.441 ->
-  // 0.325, 8 and 32 MB unchanged. Other runs of the forward order reached 0.329 at 128 MB:
-  // the reverse order guards against a slow phase rather than speeding up every run.
-  // NOTE [deferred acknowledgements]: when to wait for all of them here.
+  // kAck = e: waiting for e (not e-1) makes even the first op a barrier.
+  // NOTE [acknowledgement order]: the signals go out one after another, so the last peer hears
+  // several us after the first. Reverse ring order (r-1 first): ring-order pushes write into
+  // r+1 first, so r-1 needs ours first. Verdict: guards against a slow phase. Measured:
+  // docs/performance-log.md [acknowledgement order].
   const bool wait_all = access.handshake || !access.pushes_only || buf.peers_read_last_op() ||
                         t.kind() == TransportKind::kHost || t.capturing(stream);
   buf.set_peers_read_last_op(!access.pushes_only);
@@ -122,8 +110,7 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
                     WaitContext{op, r, peer, 0, epoch, buf.timeout_s()}};
   };
   if (wait_all && access.handshake) {
-    // NOTE [handshakes]: signals and waits in one kernel; the marker first, so that it
-    // covers the kernel's waits.
+    // The marker first, so that it covers the handshake kernel's waits.
     t.op_begun(stream);
     Handshake h;
     h.value = epoch;

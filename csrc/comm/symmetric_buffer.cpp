@@ -98,8 +98,7 @@ void SymmetricBuffer::connect(const std::vector<std::string>& handles) {
 void SymmetricBuffer::finish_rendezvous() {
   OVERLAP_CHECK(state_ == State::kConnected, kState, "finish_rendezvous() needs connect() first");
   local_->on_all_peers_mapped();
-  // NOTE [poisoned flags] in fault.h: the flags this rank signals in its peers' regions and
-  // the ones its peers signal in its own.
+  // NOTE [poisoned flags]: ours in the peers' regions, and theirs in ours.
   std::vector<std::uint64_t*> outgoing;
   std::vector<std::pair<int, const std::uint64_t*>> incoming;
   for (int peer = 0; peer < size_; ++peer) {

@@ -1,33 +1,17 @@
 // A symmetric buffer: one region per rank of a group, every rank mapping every peer's region.
+// Lifecycle, driven by Python's bootstrap: construct -> local_handle() (exchanged) ->
+// connect(all) (COLLECTIVE) -> bootstrap barrier -> finish_rendezvous() -> destroy().
 //
-// Lifecycle (NOTE [rendezvous], driven by Python's bootstrap):
-//   1. construct        local allocation (no communication)
-//   2. local_handle()   bytes describing the local region -> exchanged by the bootstrap
-//   3. connect(all)     COLLECTIVE: checks every rank asked for the same size, maps the peers
-//   4. (bootstrap barrier) then finish_rendezvous(): names unlinked, the buffer is ready
-//   5. destroy()        idempotent; waits for ops in flight on other threads, then unmaps
-//                       peers and frees the local region (reverse order)
+// NOTE [views outlive destroy]: regions are held by shared_ptr, so a view handed out of the
+// buffer (a DLPack tensor) keeps its memory alive after destroy(). Its contents are only defined
+// until the next op on the buffer (invariant 2: never save one for backward).
 //
-// Each rank's region has a data part (`bytes`) and a flag part (kFlagBytes: kMaxRanks x
-// kNumSlots uint64). flag(owner, src, slot) lives in `owner`'s flags and is written only by
-// rank `src`. Where the flags live is the transport's choice (NOTE [flags] in transport.h).
-//
-// NOTE [views outlive destroy]: regions are held by shared_ptr so that a view handed out of
-// the buffer (a DLPack tensor) keeps its memory alive: destroy() drops the buffer's own
-// references, and the memory goes when the last view does. A view's contents are only
-// defined until the next op on the buffer (invariant 2: never save one for backward).
-//
-// NOTE [destroy while in use]: an op may be in progress on one thread (waiting for a peer on
-// the host transport, or issuing on cuda) while another thread destroys the buffer or its
-// communicator; freeing the memory then made the op's next read a segfault. So every op holds
-// a Use of its buffer (run_op, and the bindings' views and copies), and destroy() refuses new
-// Uses, waits until the ones in progress have left (an op leaves by its deadline, or within
-// microseconds once the communicator is aborted: NOTE [abort] in fault.h), makes the device
-// finish what the ops queued (Transport::quiesce: a drained op still writes into the peers'
-// memory and flags) and only then unmaps and frees. destroy() from inside an op of the buffer
-// on the same thread (a signal handler run by an interrupted wait, NOTE [interrupting waits])
-// could never wait for itself: it raises kState instead. Verdict: destroy waits, never frees
-// memory in use; abort() first to make it prompt.
+// NOTE [destroy while in use]: freeing a buffer while another thread's op still reads it was a
+// segfault. So every op holds a Use (run_op, the bindings' views and copies), and destroy()
+// refuses new Uses, waits for those in progress (bounded by their deadline, or prompt after
+// NOTE [abort]), quiesces the device (drained ops still write to peers) and only then frees.
+// destroy() from inside an op on the same thread (a signal handler) raises kState. Verdict:
+// destroy waits, never frees memory in use.
 #pragma once
 
 #include <atomic>
@@ -67,14 +51,10 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
  public:
   static constexpr int kMaxRanks = 64;
   static constexpr int kNumSlots = 4;
-  // NOTE [size bounds]: the largest data region, 2^48 bytes (256 TiB, beyond any GPU's or
-  // host's memory). Every size an op forms from it (a chunk times at most kMaxRanks ranks, an
-  // offset plus a span, the host segment's flag page plus its data) then stays far below 2^64,
-  // so no size check can be fooled by a wrap-around. Verdict: reject larger sizes at creation.
+  // NOTE [size bounds]: at most 2^48 bytes, so no size an op forms from it (chunk x ranks,
+  // offset + span) can wrap around 2^64. Verdict: reject larger sizes at creation.
   static constexpr std::size_t kMaxBytes = std::size_t{1} << 48;
-  // The longest deadline of a wait, in seconds (about 11.6 days). Deadlines are steady-clock
-  // time points (int64 nanoseconds): an infinite or huge timeout would overflow them and
-  // expire at once. overlap/env.py mirrors it (MAX_TIMEOUT_S).
+  // A larger timeout would overflow int64 ns deadlines (overlap/env.py: MAX_TIMEOUT_S).
   static constexpr double kMaxTimeoutS = 1e6;
 
   SymmetricBuffer(std::shared_ptr<Transport> transport, int rank, int size, std::size_t bytes,
@@ -86,8 +66,7 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   std::string local_handle() const;
   void connect(const std::vector<std::string>& handles);
   void finish_rendezvous();
-  // NOTE [destroy while in use]. Idempotent. Throws kState when called from inside an op of
-  // this buffer on the calling thread.
+  // NOTE [destroy while in use]. Idempotent.
   void destroy();
 
   // NOTE [destroy while in use]: held by every op for its whole run (run_op).
@@ -108,36 +87,28 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::size_t bytes() const { return bytes_; }
-  // Device (or shared) memory this rank holds for its data region: bytes(), or more where the
-  // transport rounds allocations up (LocalRegion::allocated_bytes).
+  // LocalRegion::allocated_bytes.
   std::size_t allocated_bytes() const { return allocated_bytes_; }
   double timeout_s() const { return timeout_s_; }
   // Throws kConfig unless 0 < timeout_s <= kMaxTimeoutS (so NaN and infinity are refused).
   void set_timeout_s(double timeout_s);
-  // NOTE [put split]: how many copies (lanes) carry one put to one peer; a tuning knob. On
-  // 4xH200 one copy moves ~377 GB/s to one peer (32 MB). With serial puts, one copy was best
-  // up to 32 MB; at 128-256 MB, pushes in one copy were sometimes 1.5x slower (in two runs of
-  // benchmarks/baseline_collectives.py), pulls in one copy and pushes in two were not.
+  // NOTE [put split]: how many copies (lanes) carry one put to one peer. Verdict: one by
+  // default. Measured: docs/performance-log.md [serial puts].
   static constexpr int kMaxPutSplit = 8;
   static constexpr int kDefaultPutSplit = 1;
   int put_split() const { return put_split_; }
   void set_put_split(int split);
-  // NOTE [pull gather]: in an all-gather, peers' shards are pushed into our region by their
-  // copy engines (false, the default) or pulled from their regions by ours (true).
+  // NOTE [pull gather]: all-gather pulls the peers' shards instead of receiving pushes.
   bool pull_gather() const { return pull_gather_; }
   void set_pull_gather(bool pull) { pull_gather_ = pull; }
-  // NOTE [serial puts]: in an all-gather, the copies to (or from) the peers run one after
-  // another on one set of put_split lanes, in ring order (true, the default), or at once on a
-  // set of lanes per peer (false). A GPU's copy engines reach the same outgoing bandwidth to
-  // one peer as to three at once (measured on H200: ~380 GB/s either way), and every lane
-  // costs microseconds of fork, join and flag waits. On 4xH200 the best serial mode beat the
-  // best parallel one at every size from 64 KB to 256 MB (e.g. 64 MB: 190 us against 272 us,
-  // NCCL 190 us; benchmarks/baseline_collectives.py).
+  // NOTE [serial puts]: the copies to the peers run one after another on one set of lanes, in
+  // ring order (default), or at once on a set per peer. A GPU's copy engines send as fast to
+  // one peer as to all, and every lane costs fork, join and flag waits. Verdict: serial.
+  // Measured: docs/performance-log.md [serial puts].
   bool serial_puts() const { return serial_puts_; }
   void set_serial_puts(bool serial) { serial_puts_ = serial; }
   // NOTE [sm puts]: `sm_percent` % of every all-gather put goes through an SM copy kernel of
-  // `sm_blocks` blocks (on its own lane), the rest through the copy engines. 0 (the default)
-  // keeps the all-gather off the SMs entirely.
+  // `sm_blocks` blocks; 0 (the default) keeps the all-gather off the SMs.
   int sm_percent() const { return sm_percent_; }
   int sm_blocks() const { return sm_blocks_; }
   void set_sm_share(int percent, int blocks);
@@ -147,19 +118,17 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   char* data(int peer) const;
   // Shares ownership of `peer`'s memory (NOTE [views outlive destroy]).
   std::shared_ptr<const void> keep_alive(int peer) const;
-  std::uint64_t* flag(int owner, int src, FlagSlot slot) const;
+  std::uint64_t* flag(int owner, int src, FlagSlot slot) const;  // in `owner`'s, written by `src`
 
   // Throws kState unless the buffer is ready for ops; `op` names the caller.
   void check_ready(const char* op) const;
-  // Throws kInvalidArgument unless `t` is contiguous and lives where this buffer's transport
-  // can read it (host memory for host, a CUDA device for cuda).
+  // Throws kInvalidArgument unless `t` is contiguous and where the transport can read it.
   void check_tensor(const TensorRef& t, const char* what) const;
   // The epoch of the next op on this buffer; epochs only grow.
   std::uint64_t next_epoch() { return ++epoch_; }
   // The last epoch taken so far (0 before the first op).
   std::uint64_t epoch() const { return epoch_; }
-  // Takes `count` epochs at once for a replay of a captured CUDA graph (NOTE [graph capture]
-  // in comm/cuda/graph_log.h); returns the last epoch taken before.
+  // Takes `count` epochs for a graph replay (NOTE [graph capture]); returns the last before.
   std::uint64_t take_epochs(std::uint64_t count) {
     const std::uint64_t before = epoch_;
     epoch_ += count;
@@ -167,9 +136,7 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   }
   // Whether `p` is one of this buffer's flags (in any rank's region).
   bool owns_flag(const void* p) const;
-  // Whether peers may have read this rank's region during the last op (pulls), so that the
-  // next op must hear every peer's acknowledgement before it writes its own region (NOTE
-  // [deferred acknowledgements] in op_protocol.h). True before the first op.
+  // Whether peers may have read our region in the last op (NOTE [deferred acknowledgements]).
   bool peers_read_last_op() const { return peers_read_last_op_; }
   void set_peers_read_last_op(bool read) { peers_read_last_op_ = read; }
   // The last epoch whose acknowledgements begin_op waited for, all at once (0: none yet).
@@ -194,8 +161,7 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   int sm_percent_ = 0;
   int sm_blocks_ = 0;
   std::atomic<State> state_{State::kCreated};
-  // NOTE [destroy while in use]: the threads inside an op of this buffer, and whether
-  // destroy() has begun.
+  // NOTE [destroy while in use]
   std::mutex use_mu_;
   std::condition_variable use_cv_;
   std::vector<std::thread::id> users_;

@@ -1,11 +1,6 @@
 // GEMM with row-major semantics: D = epilogue(alpha * op(A) @ op(B) + beta * D_old + bias).
-//
-// The one GEMM of the library: the cuBLASLt path for CUDA memory, a plain C++ reference for
-// host memory (the host transport's GEMM and the tests' oracle). Both take the same typed
-// arguments and run the same validation, so a call the GPU would refuse is refused on the
-// host as well (hardware-only rules aside, see GemmTarget).
-//
-// Shapes, in row-major terms (what a framework tensor looks like):
+// The one GEMM of the library: cuBLASLt for CUDA memory, a C++ reference for host memory (the
+// host transport's GEMM and the tests' oracle), with the same validation (see GemmTarget).
 //
 //   A stored [m, k] (transposed = false) or [k, m] (transposed = true);   op(A) is [m, k]
 //   B stored [k, n] (transposed = false) or [n, k] (transposed = true);   op(B) is [k, n]
@@ -25,20 +20,16 @@
 //                per 128 consecutive elements of a stored row (activations, gradients);
 //   kBlock128x128 scale_inv is [ceil(rows/128), ceil(cols/128)]: one per 128x128 tile
 //                (weights);
-// all float32, contiguous, unpadded: exactly what kernels/block_scaling.h produces. Block-
-// scaled operands must be K-contiguous (the blocks run along K) and the GEMM converts their
-// scales to cuBLASLt's layout itself (NOTE [cublaslt block scale layout] in
-// gemm/cuda/cublaslt_gemm.cpp). MXFP8 operands are refused (kUnsupported): cuBLASLt has no
-// MXFP8 GEMM on Hopper; dequantize them and run a BF16 GEMM (docs/design.md §4).
+// all float32, contiguous, unpadded (kernels/block_scaling.h). Block-scaled operands must be
+// K-contiguous (NOTE [cublaslt block scale layout] in gemm/cuda/cublaslt_gemm.cpp). MXFP8 is
+// refused: cuBLASLt has no MXFP8 GEMM on Hopper (docs/design.md §4).
 //
 // NOTE [gemm output]: D (before rounding) is
 //   v = alpha * sum_k op(A)[i, k] * op(B)[k, j] + beta * D_old[i, j] + bias[j]
 //   v = gelu_tanh(v)                      (when gelu; the tanh approximation, see below)
-// and is stored as out_dtype: float32/bfloat16/float16 round to nearest even; FP8 outputs
-// store fp8(v * out_scale) (saturating, NOTE [fp8 encoding]) and amax receives max |v| (before
-// out_scale). gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) is what
-// cuBLASLt's GELU epilogues compute (torch decomposes its cuBLASLt-backed _addmm_activation
-// into gelu(approximate="tanh") on CUDA for that reason).
+// stored as out_dtype, rounded to nearest even; FP8 outputs store fp8(v * out_scale)
+// (saturating, NOTE [fp8 encoding]) and amax receives max |v|. The tanh GELU,
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), is what cuBLASLt's epilogues compute.
 #pragma once
 
 #include <cstdint>
@@ -88,8 +79,7 @@ struct GemmOutput {
 struct GemmOptions {
   float alpha = 1.0f;
   float beta = 0.0f;  // != 0: accumulate into D (D is also C); non-FP8 outputs only
-  // FP8 per-tensor only: let the tensor cores accumulate without periodic promotion to
-  // float32 (faster, less accurate). Block-scaled GEMMs always use the split accumulator.
+  // FP8 per-tensor only: no periodic promotion to float32 (faster, less accurate).
   bool fast_accum = false;
   const void* bias = nullptr;  // [n], same memory space as the operands
   DType bias_dtype = DType::kBFloat16;
@@ -104,9 +94,7 @@ struct GemmShape {
   std::int64_t k = 0;
 };
 
-// Where a validated GEMM will run: the host reference, or a GPU of this compute capability.
-// Rules that only hold for a given GPU (NOTE [fp8 layout], Hopper-only block scaling) are
-// checked for GPU targets only.
+// Where a validated GEMM will run; GPU-only rules (NOTE [fp8 layout]) apply to GPU targets.
 struct GemmTarget {
   bool host = true;
   int cc_major = 0;
@@ -114,15 +102,12 @@ struct GemmTarget {
   int sm_count = 0;
 };
 
-// Checks every argument and combination; throws kInvalidArgument for a wrong call (shapes,
-// dtypes, missing or extra scales, alignment) and kUnsupported for a valid call that no
-// kernel implements on `target` (e5m2 x e5m2, MXFP8, FP8 layout on sm_90, ...). Never touches
-// memory. Returns m, n, k.
+// Throws kInvalidArgument for a wrong call and kUnsupported for a valid one that no kernel
+// implements on `target`. Never touches memory. Returns m, n, k.
 GemmShape validate_gemm(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
                         const GemmOptions& options, const GemmTarget& target);
 
-// The target of GEMMs on `device` (-1: the host reference); what validate_gemm needs to check
-// a call before anything runs (e.g. before a communication op begins).
+// The target of GEMMs on `device` (-1: the host reference).
 GemmTarget gemm_target(int device);
 
 // The host reference: all pointers are host memory. Accumulates in float64 after
@@ -132,9 +117,8 @@ void gemm_host(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
 
 // ---- algorithm autotuning (NOTE [gemm autotune] in gemm/cuda/autotune.h) ------------------
 
-// How a GEMM key that is not yet tuned picks its cuBLASLt algorithm: the fastest of the
-// heuristic's first `max_candidates` results, each timed `rounds` times (after one warm-up
-// run), or (disabled, or max_candidates == 1) the heuristic's first result.
+// How an untuned key picks its algorithm: the fastest of the heuristic's first
+// `max_candidates`, each timed `rounds` times (disabled or 1 candidate: the first).
 struct AutotuneConfig {
   bool enabled = true;
   int max_candidates = 8;
@@ -143,12 +127,10 @@ struct AutotuneConfig {
 constexpr int kMaxAutotuneCandidates = 64;
 constexpr int kMaxAutotuneRounds = 100;
 
-// Throws kConfig naming the field when a value is out of range (1..kMaxAutotuneCandidates,
-// 1..kMaxAutotuneRounds).
+// Throws kConfig naming the field when a value is out of range.
 void validate_autotune_config(const AutotuneConfig& config);
 
-// The process-wide configuration of lazy tuning (a GEMM whose key misses the cache tunes it
-// first). Validated; applies to keys tuned after the call, cached choices stay.
+// The process-wide configuration of lazy tuning; applies to keys tuned after the call.
 void gemm_set_autotune(const AutotuneConfig& config);
 AutotuneConfig gemm_autotune();
 
@@ -166,8 +148,7 @@ struct GemmTuneRecord {
   std::string note;              // why a key is untuned / which candidates failed
 };
 
-// A request to tune (pre-tuning at start-up) with an explicit configuration, whatever the
-// process-wide one says; the outcome goes into *record.
+// A request to tune with an explicit configuration (pre-tuning); the outcome goes into *record.
 struct TuneRequest {
   AutotuneConfig config;
   GemmTuneRecord* record = nullptr;
@@ -226,9 +207,7 @@ GemmCacheStats gemm_cache_stats(int device);
 // Drops every cached algorithm (counters included) of every device.
 void gemm_clear_cache();
 
-// Synchronises each device that has GEMM resources and releases them (cuBLASLt handle,
-// scratch pool, tuning stream and pool, algorithm cache). Idempotent; the next GEMM recreates
-// them.
+// Synchronises and releases every device's GEMM resources; the next GEMM recreates them.
 void gemm_release_resources();
 
 }  // namespace overlap::gemm

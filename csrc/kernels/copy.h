@@ -1,10 +1,9 @@
 // copy: bytes moved by SM loads and stores, for puts into a peer GPU's memory (NVLink).
 //
-// NOTE [sm puts]: the copy engines are the default way to move data between GPUs (no SM is
-// taken from the GEMMs). On the H200 machines they top out below NCCL's bus bandwidth (about
-// 200 GB/s of egress per GPU, measured with benchmarks/baseline_collectives.py), so a put may
-// hand part of its bytes to this kernel, with a bounded number of blocks, where bandwidth
-// matters more than the SMs (the standalone collectives).
+// NOTE [sm puts]: the copy engines move data between GPUs by default (no SM taken from the
+// GEMMs), but they top out below NCCL's bus bandwidth, so a put may hand part of its bytes to
+// this kernel (bounded blocks) where bandwidth matters more than SMs (standalone collectives).
+// Measured: docs/performance-log.md [sm puts].
 #pragma once
 
 #include <cstddef>

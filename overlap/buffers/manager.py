@@ -40,6 +40,10 @@ peer writes there (a gather puts rank k's parts only into slot k) and a manager 
 that reads a peer's region, so the write cannot race with peers; on cuda it is ordered on the
 current stream before the gather. A buffer shared with ops that read peer regions (a
 reduce-scatter) must be used by one of them at a time, through this manager's gather.
+
+One file: :class:`GatherBuffer` and the :class:`BufferView` it hands out share the staged
+record, the slot layout and the staleness rule of NOTE [transient views]; apart, each module
+would reach into the other's private state.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ before it communicates (a bad argument) fails nothing. :meth:`Communicator.abort
 purpose and ends every wait at once (NOTE [abort] in ``csrc/comm/fault.h``), and Ctrl-C during
 a wait does the same, raising ``KeyboardInterrupt`` (NOTE [interrupting waits]); the peers of a
 failed communicator fail too, through their flags (NOTE [poisoned flags]).
+
+One file: a :class:`SymmetricBuffer` only comes out of its :class:`Communicator`'s rendezvous,
+and both share the argument coercions and the registry of live buffers; split, the two modules
+would import each other.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ Conventions (the C++ headers in ``csrc/kernels`` give the details):
 - FP8 encoding rounds to nearest even and saturates to the format's finite maximum (448 for
   e4m3fn, 57344 for e5m2); NaN stays NaN.
 - ``q = fp8(x * scale)`` and ``x ~= float(q) * scale_inv`` with ``scale_inv = 1 / scale``.
+
+One file: every function is a thin wrapper over one kernel of ``overlap._C.kernels`` with the
+same conventions and the same private argument helpers; together they are that module's one
+Python face.
 """
 
 from __future__ import annotations

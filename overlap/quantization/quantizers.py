@@ -25,6 +25,10 @@ NOTE [usage flags]: ``rowwise_usage`` / ``columnwise_usage`` say which direction
 :meth:`Quantizer.quantize` produces; a call may override them (``rowwise=``, ``columnwise=``)
 without touching the quantizer. Cached weights add usages and never drop them
 (:class:`~overlap.quantization.CachedWeight`).
+
+One file: every quantizer stands next to its frozen config and shares the config checks and
+the per-tensor base class, and :func:`make_quantizer` maps every config to its class; a split
+by recipe would scatter that one table over six modules.
 """
 
 from __future__ import annotations

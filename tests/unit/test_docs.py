@@ -9,10 +9,16 @@
   heading) that exists.
 * No comment in csrc carries a dated measurement: those belong in docs/performance-log.md
   (docs/design.md §8).
+* Every reference to a NOTE names one that is written down somewhere (``NOTE [name]:`` or
+  ``NOTE [name] (...)``), so that renaming or deleting a NOTE cannot leave its readers behind.
+* A Python module of the package, the benchmarks, the examples or the scripts that runs past
+  LONG_MODULE_LINES lines says at the end of its docstring why it stays one file
+  (``One file: ...``); split it otherwise.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -48,11 +54,8 @@ ALLOWED: dict[str, set[str]] = {
     "numbered seed threads": set(),
 }
 # csrc files whose comments still hold dated measurements (to be moved to the performance
-# log, section 8 there lists them): THIS LIST MUST SHRINK TO EMPTY as well.
-DATED_ALLOWED = {
-    "csrc/comm/cuda/cuda_memory.h",
-    "csrc/comm/cuda/cuda_transport.cpp",
-}
+# log): empty, and it stays so.
+DATED_ALLOWED: set[str] = set()
 
 TEXT_SUFFIXES = {
     ".py",
@@ -219,3 +222,51 @@ def test_no_dated_measurements_in_csrc_comments(texts: dict[str, str]) -> None:
     assert not unexpected, f"dated measurements in comments (move them to the log): {unexpected}"
     done = sorted(DATED_ALLOWED - found)
     assert not done, f"no dated measurements left; delete them from DATED_ALLOWED: {done}"
+
+
+# A NOTE is written down as "NOTE [name]:" or "NOTE [name] (...)"; every other mention of it
+# refers to it. The performance log quotes old comments and is neither.
+NOTE_REF = re.compile(r"NOTE \[([^\]\n]+)\]")
+NOTE_DEF = re.compile(r"NOTE \[([^\]\n]+)\](?::| \()")
+NOTE_PLACEHOLDERS = {"topic", "<op> layout", "<op> schedule"}  # the forms, in the documents
+
+
+def _note_text(text: str) -> str:
+    """_joined, with Python's adjacent string literals joined too (a name split over two)."""
+    return _joined(re.sub(r"\"\s*\n\s*\"", "", text))
+
+
+def test_note_references_name_existing_notes(texts: dict[str, str]) -> None:
+    notes = {n: _note_text(t) for n, t in texts.items() if n != "docs/performance-log.md"}
+    defined = {m.group(1) for t in notes.values() for m in NOTE_DEF.finditer(t)}
+    bad = sorted(
+        {
+            f"{name}: [{m.group(1)}]"
+            for name, text in notes.items()
+            for m in NOTE_REF.finditer(text)
+            if m.group(1) not in defined and m.group(1) not in NOTE_PLACEHOLDERS
+        }
+    )
+    assert not bad, "references to a NOTE that is written down nowhere:\n" + "\n".join(bad)
+
+
+LONG_MODULE_LINES = 600
+LONG_MODULE_DIRS = ("overlap/", "benchmarks/", "examples/", "scripts/")
+ONE_FILE = "One file:"
+
+
+def test_long_modules_say_why_they_stay_one_file(texts: dict[str, str]) -> None:
+    bad = []
+    for name, text in sorted(texts.items()):
+        if not name.endswith(".py") or not name.startswith(LONG_MODULE_DIRS):
+            continue
+        lines = len(text.splitlines())
+        if lines <= LONG_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if ONE_FILE not in doc:
+            bad.append(f"{name}: {lines} lines")
+    assert not bad, (
+        f"modules over {LONG_MODULE_LINES} lines without a reason in their docstring "
+        f"('{ONE_FILE} ...' at its end: why it stays one file), or split them:\n" + "\n".join(bad)
+    )

@@ -1,7 +1,6 @@
-// RAII owners of the cuda transport's driver resources (one class per resource).
-//
+// RAII owners of the cuda transport's driver resources.
 // NOTE [finalizing]: every destructor skips its CUDA call once the interpreter is finalizing
-// (common/lifecycle.h): the runtime may already be gone, and the OS reclaims everything.
+// (common/lifecycle.h): the runtime may be gone already, and the OS reclaims everything.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,20 +10,14 @@
 
 namespace overlap::comm::cuda {
 
-// NOTE [allocation granularity]: a region's cudaMalloc is rounded up to a whole number of
-// 2 MiB (the GPU's large page). Peers read and write the region over NVLink through its CUDA
-// IPC mapping, and an allocation with a small tail beyond a whole number of MiB came out
-// slow for every copy-engine copy touching it: on 4xH200 (TP 4, scripts of 2026-11-22, torch
-// async-TP's AG+GEMM schedule rebuilt with our GEMM, qkv FP8 M 8192, four 16 MB pulls per op
-// between peers' regions at the same offsets) the op took 0.281 ms with regions of 64 MiB,
-// 65, 66 or 128 MiB, and 0.308-0.310 ms with 64 MiB + 64 B (our AG+GEMM buffer: the shard
-// slots + the FP8 scale slots), + 256 B or + 4 KiB, each 16 MB pull 60-83 us instead of 48.
-// What the driver does differently with such sizes is not documented; the rounding costs at
-// most 2 MiB per region and is invisible to callers (size() is the size asked for).
+// NOTE [allocation granularity]: a region's cudaMalloc is rounded up to a whole number of 2 MiB
+// (the GPU's large page): an allocation with a small tail beyond whole MiBs made every
+// copy-engine copy through its IPC mapping slower (why is undocumented). Verdict: round up; it
+// costs at most 2 MiB a region, and size() stays the size asked for. Measured:
+// docs/performance-log.md [allocation granularity].
 constexpr std::size_t kAllocationRounding = std::size_t{2} << 20;
 
-// cudaMalloc'd device memory on `device`, shareable by CUDA IPC (NOTE [allocation
-// granularity]: the allocation is rounded up to kAllocationRounding).
+// cudaMalloc'd device memory, shareable by CUDA IPC (NOTE [allocation granularity]).
 class DeviceAllocation {
  public:
   DeviceAllocation(int device, std::size_t bytes);
@@ -34,7 +27,6 @@ class DeviceAllocation {
 
   void* data() const { return data_; }
   std::size_t size() const { return size_; }
-  // Bytes actually allocated: size() rounded up to kAllocationRounding.
   std::size_t allocated() const { return allocated_; }
   int device() const { return device_; }
   // The IPC handle of the allocation, hex-encoded (128 characters).
@@ -63,9 +55,8 @@ class IpcMapping {
 };
 
 // Page-locks host memory we mapped (a shared-memory segment) and maps it for the GPU.
-// NOTE [flags in host memory]: the cuda transport requires that the device address of
-// registered memory equals its host address (cudaDevAttrCanUseHostPointerForRegisteredMem,
-// true on x86-64 Linux with UVA); the transport checks it once at creation.
+// NOTE [flags in host memory]: the device address of registered memory must equal its host
+// address (cudaDevAttrCanUseHostPointerForRegisteredMem); checked once at creation.
 class HostRegistration {
  public:
   HostRegistration(void* data, std::size_t bytes);
@@ -91,8 +82,7 @@ class PinnedHostMemory {
   void* data_ = nullptr;
 };
 
-// A stream this library owns (non-blocking, highest priority: comm lanes should never queue
-// behind a GEMM's blocks).
+// A non-blocking stream of the highest priority (comm lanes never queue behind a GEMM).
 class OwnedStream {
  public:
   explicit OwnedStream(int device);

@@ -1,34 +1,16 @@
-// The cuda transport: device memory shared by CUDA IPC, copy-engine puts, flags in pinned
-// host memory written and awaited by stream memory operations.
-//
 // NOTE [cuda transport design]:
-// - Data: each rank cudaMallocs its region and exports a CUDA IPC handle; peers open it with
-//   peer access enabled. Puts are cudaMemcpyAsync to/from the mapped pointers: the copy
-//   engines move the bytes over NVLink and no SM is used.
-// - Flags: the flag page of each region is a POSIX shared-memory page (like the host
-//   transport's) that every rank maps and registers with CUDA (NOTE [flags in host memory]).
-//   signal() is cuStreamWriteValue64 with its default memory barrier, so a peer that sees the
-//   value also sees every earlier put of the lane; wait() is cuStreamWaitValue64 (GEQ),
-//   which the GPU's front end polls without any SM. Because the host can read and write the
-//   flags directly, a wait whose peer never comes can be released by the host (NOTE
-//   [watchdog]) and op records can be checked at issue time (NOTE [op records]).
-// - Flag latency, measured on 4xH200 (one process, four GPUs, 2026-11): a signal/wait round
-//   trip between two GPUs takes 13-15 us and an all-to-all barrier of four 14 us whether the
-//   flags live in pinned host memory or in the waiter's device memory (written by the peer
-//   over NVLink); a marker write before each wait adds about 7 us to the four-GPU barrier. So
-//   moving the flags into device memory would not make ops faster; taking waits and marker
-//   writes off the critical path does (NOTE [deferred acknowledgements] in op_protocol.h,
-//   NOTE [one marker per op] in watchdog.h). A one-warp kernel polling the flag instead of
-//   cuStreamWaitValue64 cut a two-GPU ping-pong from 14.8 to 8.1 us (2026-11-22), but it
-//   needs an SM, which the chunk GEMMs hold (NOTE in ag_gemm.cpp on an SM copy there). So
-//   waits stay memory operations, except in handshakes (NOTE [handshakes] in transport.h):
-//   all of an op's signals and waits at one point where the SMs are idle, in one one-block
-//   kernel (the stand-alone all-gather meets in two: NOTE [gather handshakes] in
-//   collectives.cpp; the bulk ops, which run beside a GEMM, in none).
+// - Data: cudaMalloc'd regions shared by CUDA IPC; puts are cudaMemcpyAsync (copy engines, no SM).
+// - Flags: a POSIX shared-memory page per region, registered with CUDA (NOTE [flags in host
+//   memory]). signal() is cuStreamWriteValue64 with its memory barrier (a peer that sees the
+//   value sees the lane's earlier puts); wait() is cuStreamWaitValue64 (GEQ), polled by the
+//   front end without an SM. The host can read and write the flags, so it can release a stuck
+//   wait (NOTE [watchdog]) and check op records at issue time (NOTE [op records]).
+// - Flags in device memory were no faster than in host memory; a polling kernel is faster than
+//   a memop but needs an SM the GEMMs hold. Verdict: memops, except in handshakes where the SMs
+//   are idle (NOTE [handshakes]); waits and markers off the critical path (NOTE [deferred
+//   acknowledgements], NOTE [one marker per op]). Measured: docs/performance-log.md [cuda
+//   transport design].
 // - No multicast objects, no multimem instructions, ever (docs/design.md §3, invariant 6).
-//
-// Graph capture: ops may be captured into a CUDA graph through a GraphLog, which makes every
-// replay take fresh epochs (NOTE [graph capture] in comm/cuda/graph_log.h).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -83,9 +65,8 @@ class CudaRegion final : public LocalRegion {
       : watchdog_(std::move(watchdog)), memory_(device, bytes), flags_(shm_name(tag)) {}
 
   ~CudaRegion() override {
-    // NOTE [destroy while in flight]: ops may still be queued on the GPU against this memory.
-    // Wait for the device (a stuck wait is released by the watchdog), then stop watching our
-    // flags, then free in reverse order of acquisition.
+    // Ops may still be queued against this memory: wait for the device (the watchdog releases
+    // stuck waits), stop watching our flags, then free in reverse order.
     if (!process_finalizing()) {
       DeviceGuard guard(memory_.device());
       OVERLAP_WARN_CUDA(cudaDeviceSynchronize());
@@ -153,7 +134,6 @@ class CudaTransport final : public Transport {
   TransportKind kind() const override { return TransportKind::kCuda; }
   int device() const override { return device_; }
 
-  // Allocation, IPC and host registration all act on this transport's device.
   std::unique_ptr<LocalRegion> allocate(std::size_t bytes, const std::string& tag) override {
     DeviceGuard guard(device_);
     return std::make_unique<CudaRegion>(device_, bytes, tag, watchdog_);
@@ -213,16 +193,14 @@ class CudaTransport final : public Transport {
     DeviceGuard guard(device_);
     CUstream s = lanes_.stream(stream, lane);
     if (std::shared_ptr<cuda::GraphLog> log = cuda::graph_log_for(s)) {
-      // Captured: always enqueued (a replay's peers start from scratch), with a placeholder
-      // marker that every replay re-arms (NOTE [graph capture]).
+      // Captured: always enqueued, with a placeholder marker (NOTE [graph capture]).
       const cuda::Watchdog::Ticket ticket = watchdog_->reserve();
       log->note_wait(watchdog_, ticket, flag, value, ctx);
       write_marker_value(s, ticket);
     } else {
       // NOTE [abort]: a stopped transport enqueues no more waits (the op raises).
       if (stopping()) raise_stopped(ctx);
-      // Already satisfied (the peer is ahead): nothing to enqueue. Flags only grow; a flag
-      // satisfied only by a failed peer's poison fails the op (NOTE [poisoned flags]).
+      // Already satisfied: nothing to enqueue, unless only by a poison (NOTE [poisoned flags]).
       const std::uint64_t seen = __atomic_load_n(flag, __ATOMIC_ACQUIRE);
       if (seen >= value) {
         if (poisoned_short(seen, value)) raise_peer_failed(ctx, seen, value);
@@ -236,8 +214,7 @@ class CudaTransport final : public Transport {
         driver().cuStreamWaitValue64(s, device_ptr(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
   }
 
-  // NOTE [handshakes] (transport.h): one kernel, its waits armed like wait()'s. Captured
-  // handshakes run as memory operations (their waits need the graph log's re-armed markers).
+  // NOTE [handshakes]: one kernel; captured ones run as memops (re-armed markers).
   void handshake(const Handshake& h, cudaStream_t stream, int lane) override {
     if (is_capturing(stream)) {
       Transport::handshake(h, stream, lane);
@@ -292,8 +269,7 @@ class CudaTransport final : public Transport {
                                   lanes_.stream(stream, lane), o.accumulate_amax);
   }
 
-  // NOTE [gemm on a lane]: a lane is a stream like any other; GEMMs on two lanes run
-  // concurrently, each with its own workspace (NOTE [gemm workspace] in gemm_context.h).
+  // Each lane's GEMM has its own workspace (NOTE [gemm workspace] in gemm_context.h).
   void gemm(const gemm::GemmOperand& a, const gemm::GemmOperand& b, const gemm::GemmOutput& d,
             const gemm::GemmOptions& options, cudaStream_t stream, int lane) override {
     DeviceGuard guard(device_);
@@ -303,8 +279,7 @@ class CudaTransport final : public Transport {
   void order_ops(const void* key, cudaStream_t stream) override {
     std::lock_guard<std::mutex> lock(ops_mu_);
     OpOrder& o = op_order_[key];
-    // A capture may not wait for work outside it; overlap.CudaGraph synchronises the device
-    // before capturing, and every replay orders itself after the previous op instead.
+    // A capture may not wait outside it: every replay orders itself instead.
     const bool capturing = is_capturing(stream);
     if (o.used && o.last != stream && !capturing) {
       DeviceGuard guard(device_);
@@ -328,9 +303,7 @@ class CudaTransport final : public Transport {
     }
   }
 
-  // NOTE [one marker per op] (watchdog.h): the marker by which a wait about to be enqueued on
-  // lane stream `s` of `stream` counts as reached: the op's (op_begun), or else one of its own,
-  // `own`, written on `s` now, ahead of the wait. Called with marks_mu_ held.
+  // NOTE [one marker per op]: the op's, or else `own`, written now. Holds marks_mu_.
   const cuda::Watchdog::Ticket* reached_marker(cudaStream_t stream, CUstream s,
                                                cuda::Watchdog::Ticket& own) {
     const auto mark = op_marks_.find(stream);
@@ -340,9 +313,6 @@ class CudaTransport final : public Transport {
     return &own;
   }
 
-  // NOTE [one marker per op] (watchdog.h): the op's marker, which its waits share, written
-  // beside the caller's stream (off its critical path). Captured ops keep a placeholder
-  // marker per wait instead (the graph log re-arms them).
   void op_begun(cudaStream_t stream) override {
     std::lock_guard<std::mutex> lock(marks_mu_);
     if (is_capturing(stream)) {
@@ -355,10 +325,8 @@ class CudaTransport final : public Transport {
     op_marks_[stream] = ticket;
   }
 
-  // Returns even when a peer never comes: the watchdog releases stuck waits. Polls instead of
-  // blocking in cudaStreamSynchronize, so that an abort (NOTE [abort]) or a signal (NOTE
-  // [interrupting waits]) ends it at once: a stream behind released waits may still hold
-  // seconds of GEMMs.
+  // Polls rather than cudaStreamSynchronize, so that NOTE [abort] or NOTE [interrupting waits]
+  // ends it at once (a stream behind released waits may still hold seconds of GEMMs).
   void synchronize(cudaStream_t stream) override {
     using Clock = std::chrono::steady_clock;
     DeviceGuard guard(device_);
@@ -383,15 +351,13 @@ class CudaTransport final : public Transport {
     raise_if_failed();
   }
 
-  // NOTE [destroy while in use] (symmetric_buffer.h): the released ops' puts and signals reach
-  // the peers' memory, which destroy unmaps next. The watchdog releases stuck waits.
+  // NOTE [destroy while in use]: released ops still write to the peers' memory.
   void quiesce() noexcept override {
     if (process_finalizing()) return;
     DeviceGuard guard(device_);
     OVERLAP_WARN_CUDA(cudaDeviceSynchronize());
   }
 
-  // Capturing without a graph log throws (graph_log_for).
   void check_stream(cudaStream_t stream) const override { cuda::graph_log_for(stream); }
   bool capturing(cudaStream_t stream) const override { return is_capturing(stream); }
 
@@ -432,8 +398,7 @@ class CudaTransport final : public Transport {
     std::unique_ptr<cuda::OwnedEvent> event;
   };
 
-  // NOTE [failed transport] in transport.h: a wait the watchdog timed out (or found satisfied
-  // by a failed peer's poison) fails the transport, unless another fault came first.
+  // NOTE [failed transport]: the watchdog's fault, unless another came first.
   void poll_async_faults() const override {
     const cuda::Watchdog::Fault fault = watchdog_->fault();
     if (!fault.message.empty()) record_fault(fault.kind, fault.message);
@@ -445,7 +410,6 @@ class CudaTransport final : public Transport {
 
   // The marker write of a ticket: the stream has reached this point (NOTE [watchdog]).
   static void write_marker_value(CUstream s, const cuda::Watchdog::Ticket& ticket) {
-    // (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would do, but the v2 memop API rejects it.)
     OVERLAP_CHECK_CU(driver().cuStreamWriteValue64(s, device_ptr(ticket.marker), ticket.seq,
                                                    CU_STREAM_WRITE_VALUE_DEFAULT));
   }

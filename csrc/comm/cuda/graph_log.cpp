@@ -186,8 +186,7 @@ void GraphLog::prepare_replay(CUgraph graph, CUgraphExec exec, cudaStream_t stre
   if (collected_for_ != graph) collect_nodes(graph);
 
   // ---- the replay's epochs ------------------------------------------------------------------
-  // NOTE [failed transport] in transport.h: from the first epoch taken, an error leaves the
-  // buffers out of step with the peers, so it fails their transports.
+  // NOTE [failed transport]: from the first epoch taken, an error fails the transports.
   try {
     take_replay_epochs(exec, stream);
   } catch (const Error& e) {
@@ -205,8 +204,7 @@ void GraphLog::take_replay_epochs(CUgraphExec exec, cudaStream_t stream) {
     Span& s = spans_[i];
     s.buf->transport().order_ops(s.buf.get(), stream);  // NOTE [ops on several streams]
     delta[i] = s.buf->take_epochs(s.last - s.first + 1) + 1 - s.first;
-    // The replay's last op may have had peers read our region (pulls): the next eager op
-    // then waits for every acknowledgement (NOTE [deferred acknowledgements]).
+    // Peers may have read our region in the replay (NOTE [deferred acknowledgements]).
     s.buf->set_peers_read_last_op(true);
   }
   std::vector<Watchdog::Ticket> tickets(waits_.size());

@@ -1,31 +1,9 @@
-// CUDA-graph capture of communication ops: what a capture records, and how a replay is made
-// safe.
-//
-// NOTE [graph capture]: ops synchronise through flags that carry epochs, and an epoch is used
-// once (NOTE [buffer reuse] in collectives.h). A captured op bakes the epochs it was captured
-// with into the graph's stream memory operations (its signals and waits), so a plain replay
-// would repeat them: a wait for an epoch the flag already holds passes at once, and a fast
-// rank overwrites data a slow peer still reads. Capture therefore goes through a GraphLog:
-//
-//   capture   overlap.CudaGraph.capture() opens a log for the stream's capture sequence
-//             (begin_graph_log). While it is open, begin_op notes which epochs each buffer's
-//             ops took (contiguous: nothing else may run on a captured buffer meanwhile), and
-//             each wait notes its context and the placeholder "reached" marker write that
-//             precedes it (NOTE [watchdog]; a reserved, unwatched ticket). Ops on a capturing
-//             stream without an open log are refused (check_stream).
-//   replay    before every launch, prepare_replay() takes fresh epochs for every buffer the
-//             graph uses (as many as the capture took), rewrites the value of every captured
-//             signal and wait on those buffers' flags by the difference (the graph's memop nodes
-//             are updated in the executable graph: cuGraphExecBatchMemOpNodeSetParams), arms a
-//             watchdog ticket for every captured wait and points its marker write at it, and
-//             orders the launch stream after each buffer's previous op (NOTE [ops on several
-//             streams]). A replay is thus indistinguishable, to peers and to later eager ops, from
-//             issuing the captured ops again; every rank must replay (or run) the same ops in
-//             the same order, as for eager ops.
-//
-// The rewrite only touches memops whose address is a flag of a logged buffer or the marker of
-// a logged wait; anything else in the graph is left alone. Launches must be serialised with
-// prepare_replay() (the Python wrapper does both under one call).
+// NOTE [graph capture]: a captured op bakes its epochs into the graph, and an epoch is used once
+// (NOTE [buffer reuse]), so capture needs a GraphLog that notes each buffer's epochs and each
+// wait's context and placeholder marker. Before every launch prepare_replay() takes fresh epochs,
+// shifts the captured signals and waits on those flags by the difference, arms a watchdog ticket
+// per wait and orders the launch after each buffer's previous op. Verdict: a replay is
+// indistinguishable from issuing the ops again; launches are serialised with prepare_replay().
 #pragma once
 
 #include <cuda.h>
@@ -58,8 +36,7 @@ class GraphLog {
   // Number of ops noted so far (over all buffers).
   std::size_t ops() const;
 
-  // Before each launch of `exec` (instantiated from `graph`, the captured graph) on `stream`.
-  // Throws kState if a logged buffer was destroyed or the capture was not replayable.
+  // Before each launch of `exec` (from `graph`); kState if a logged buffer is gone.
   void prepare_replay(CUgraph graph, CUgraphExec exec, cudaStream_t stream);
 
  private:
@@ -102,17 +79,12 @@ class GraphLog {
   std::vector<Node> nodes_;
 };
 
-// The registry of open logs, keyed by capture sequence (NOTE [graph capture]): the only
-// process-wide state of the capture support, documented here.
-//
-// Opens a log for the capture sequence `stream` is capturing into (throws kInvalidArgument if
-// it is not capturing, kState if a log is already open for it).
+// The process-wide registry of open logs, keyed by capture sequence.
+// Opens a log for `stream`'s capture (kInvalidArgument if not capturing, kState if open).
 std::shared_ptr<GraphLog> begin_graph_log(cudaStream_t stream);
 // Closes the log (idempotent); it stays usable for replays.
 void end_graph_log(const std::shared_ptr<GraphLog>& log);
-// The open log of the capture `stream` is part of; nullptr when `stream` is not capturing.
-// Throws kUnsupported when it is capturing without a log (a capture we would not replay
-// safely).
+// The open log of `stream`'s capture; nullptr when not capturing; kUnsupported without a log.
 std::shared_ptr<GraphLog> graph_log_for(cudaStream_t stream);
 
 }  // namespace overlap::comm::cuda

@@ -1,10 +1,6 @@
-// Side streams that let one op run several copies at once (NOTE [lanes] in transport.h).
-//
-// Every caller stream gets its own set of lanes, so two ops issued on two streams (say, a
-// bulk all-gather beside a reduce-scatter) never serialise on shared side streams. fork()
-// records an event on the caller's stream that every lane waits for; join() records an event
-// on each lane that the caller's stream waits for. Both are plain event edges, which is what
-// CUDA-graph capture needs to turn them into graph dependencies.
+// Side streams that let one op run several copies at once (NOTE [lanes] in transport.h). Every
+// caller stream has its own lanes, so ops on two streams never serialise on shared side streams.
+// fork() and join() are plain event edges, which graph capture turns into dependencies.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,9 +24,7 @@ class Lanes {
   void wait(cudaStream_t caller, int lane, int other);
   // The stream of `lane` (0: the caller itself) of the fork open on `caller`.
   cudaStream_t stream(cudaStream_t caller, int lane);
-  // A side stream of `caller`, outside every fork, that waits for the work issued so far on
-  // `caller` (an event edge) and that nothing waits for: for work whose latency must not
-  // delay the caller, such as the watchdog's marker writes (NOTE [one marker per op]).
+  // A side stream after `caller`'s work so far that nothing waits for (NOTE [one marker per op]).
   cudaStream_t beside(cudaStream_t caller);
 
  private:

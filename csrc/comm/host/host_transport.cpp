@@ -1,7 +1,5 @@
-// The host transport: POSIX shared memory, memcpy puts, atomic flags with a spin-wait.
-//
-// It executes in program order (streams are ignored), which makes it the executable
-// specification of every algorithm: CI runs the real protocol on it without a GPU.
+// The host transport: POSIX shared memory, memcpy puts, atomic flags with a spin-wait. It runs
+// in program order (streams ignored): the executable specification that CI runs without a GPU.
 #include <sched.h>
 
 #include <chrono>
@@ -104,9 +102,8 @@ class HostTransport final : public Transport {
     __atomic_store_n(flag, value, __ATOMIC_RELEASE);
   }
 
-  // NOTE [abort], NOTE [poisoned flags], NOTE [interrupting waits] (fault.h): besides its own
-  // deadline, the spin checks the transport's failure or abort on every spin, the poison mark
-  // of what it reads, and the interrupt check every kInterruptPeriod.
+  // Besides its deadline, the spin checks NOTE [abort] and NOTE [poisoned flags] on every spin,
+  // NOTE [interrupting waits] every kInterruptPeriod.
   void wait(const std::uint64_t* flag, std::uint64_t value, const WaitContext& ctx, cudaStream_t,
             int) override {
     using Clock = std::chrono::steady_clock;

@@ -6,13 +6,10 @@
 
 namespace overlap::comm {
 
-// A segment this process created: shm_open(O_CREAT | O_EXCL, 0600) + ftruncate +
-// posix_fallocate (NOTE [shm reservation] in shm_region.cpp) + mmap. O_EXCL: a name that
-// exists already (another process's) is an error, never reused.
-// NOTE [shm names] (overlap/comm/communicator.py has the naming): the name is removed
-// (shm_unlink) as soon as every peer has mapped it, so a crash afterwards leaks nothing; the
-// destructor unlinks too if that never happened, and the live ranks of a failed rendezvous
-// unlink every rank's name (unlink_shm), a dead rank's included.
+// A segment this process created: shm_open(O_CREAT | O_EXCL, 0600: an existing name is an
+// error) + ftruncate + posix_fallocate (NOTE [shm reservation] in shm_region.cpp) + mmap. The
+// name is unlinked once every peer has mapped it, by the destructor otherwise, and by the live
+// ranks of a failed rendezvous for every rank (NOTE [shm names] in overlap/comm/communicator.py).
 class ShmSegment {
  public:
   ShmSegment(std::string name, std::size_t bytes);

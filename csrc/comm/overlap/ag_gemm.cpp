@@ -27,8 +27,7 @@ namespace {
 
 constexpr const char* kOp = "ag_gemm";
 
-// Chunk j of the gathered input: rank j's rows. The local chunk (j == rank) is read from the
-// caller's shard itself, so that its GEMM waits for nothing; the others from the buffer.
+// Chunk j of the gathered input; the local one is the caller's shard (its GEMM waits for nothing).
 gemm::GemmOperand chunk_operand(const SymmetricBuffer& buf, const gemm::GemmOperand& shard,
                                 const AgGemmLayout& l, int j) {
   if (j == buf.rank()) return shard;
@@ -47,19 +46,11 @@ gemm::GemmOutput chunk_output(const gemm::GemmOutput& d, std::int64_t m, int j) 
   return c;
 }
 
-// NOTE [ag_gemm pieces]: a peer's shard may travel in P pieces (config.pieces), piece p =
-// rows [lo(p), lo(p + 1)) of the shard, each pushed, announced and multiplied on its own, so
-// the GEMM of a piece starts once that piece has landed instead of the whole shard. Where the
-// gather is about as long as the GEMM (a comm-bound pipeline), the op ends with the GEMM of
-// the last piece to land rather than of the last shard: about T_comm + T_gemm / (n P) instead
-// of T_comm + T_gemm / n. Pieces cost smaller (less efficient) GEMMs and more flags, so P = 1
-// (the default) suits GEMM-bound shapes. The local shard is never split (it waits for
-// nothing). Piece p of the shard from rank j is announced on the one flag j -> r (kData) by the
-// value e + p (e = the op's epoch): the pieces of one sender travel in order on one set of
-// lanes, so "flag >= e + p" means pieces 0..p have landed (like NOTE [ring sub-epochs] in
-// gemm_rs_ring.cpp). Every ag_gemm therefore takes kPieceEpochs epochs, whatever P, so that
-// ranks stay in step even if one passes a different P (the op record, which includes P, then
-// reports the mismatch).
+// NOTE [ag_gemm pieces]: a peer's shard may travel in P = config.pieces row pieces, each
+// multiplied once it lands: a comm-bound op ends T_gemm / (n P) after the gather, not T_gemm / n
+// (but smaller GEMMs: P = 1 suits GEMM-bound shapes). Piece p is announced on the kData flag by
+// e + p, in order ("flag >= e + p": pieces 0..p landed). Every op takes kPieceEpochs epochs
+// whatever P, so the ranks stay in step.
 // Piece p of chunk j (the whole chunk for the local shard, j == rank): its operand and output.
 gemm::GemmOperand piece_operand(const SymmetricBuffer& buf, const gemm::GemmOperand& shard,
                                 const AgGemmLayout& l, int j, const Pieces& pc, int p) {
@@ -74,8 +65,7 @@ gemm::GemmOutput piece_output(const SymmetricBuffer& buf, const gemm::GemmOutput
   return c;
 }
 
-// The rules of one weight and its output; `index` >= 0 names the weight in messages (several
-// weights), -1 for a single one.
+// The rules of one weight and its output; `index` names the weight in messages (-1: only one).
 void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                   const AgGemmLayout& l, const Pieces& pc, const AgGemmWeight& x, int index,
                   const gemm::GemmTarget& target) {
@@ -109,32 +99,16 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   }
 }
 
-// NOTE [ag_gemm pulls]: the pull schedule (config.pull_shards), torch async-TP's order with
-// handshakes (NOTE [handshakes] in transport.h) instead of stream memory operations for the
-// two points where every rank meets. Timeline of rank r (n ranks, C compute lanes; c0 = the
-// caller's stream = lane 0, P = the pull lane):
-//
+// NOTE [ag_gemm pulls]: config.pull_shards, torch async-TP's order with handshake kernels
+// (NOTE [handshakes]) where the ranks meet. Rank r, C compute lanes, P = the pull lane:
 // clang-format off
 //   c0 | begin_op: handshake kAck(e) | shard -> slot r | handshake kData(e) (+ scale_invs) | fork | GEMM chunk r | GEMM r+C ... | join
 //   c1 |                             |                 |                                   |      | wait P(r+1), GEMM chunk r+1 | ...
 //   P  |                             |                 |                                   |      | pull slot r+1 of r+1 | pull slot r+2 of r+2 | ...
 // clang-format on
-//
-// The first handshake (begin_op) says that every peer has finished the previous op, so no peer
-// still reads our slot r: we may overwrite it. The shard's copy into slot r runs alone on the
-// copy engines. The second says that every peer's shard is in its slot; its kernel also
-// publishes our FP8 scale_inv before signalling and fetches the peers' after waiting (words
-// over NVLink, no copy-engine call). Both kernels run on c0 while no GEMM holds the SMs. Then
-// no flag per chunk: the pull lane copies the peers' slots into ours, rank r+s's at step s (so
-// each rank's slot is read by one peer at a time), each pull followed by its chunk's GEMMs
-// (GEMM q of the (chunk, piece, weight) sequence on compute lane q % C, after the pull by an
-// event edge). staggered_puts and put_split do not apply; pieces are consecutive pulls of a
-// chunk, each followed by its GEMMs. Peers read our region, so the next op on the buffer
-// begins with a wait for every acknowledgement (NOTE [deferred acknowledgements]).
-//
-// Not the default: the pulls won only on the qkv FP8 row at TP 4 (by 2-3%), and not even there
-// once regions were rounded to 2 MiB (NOTE [allocation granularity] in cuda_memory.h: what had
-// slowed each pull beside our chunk GEMMs). Pieces help the pulls on the qkv FP8 rows only.
+// The first handshake frees our slot r, the second publishes every shard and moves the FP8
+// scale_invs as words; then rank r+s's slot is pulled at step s, no flag per chunk. Verdict: no
+// faster than the pushes once regions were rounded to 2 MiB (NOTE [allocation granularity]).
 // Measured: docs/performance-log.md [ag_gemm pulls].
 void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                     const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
@@ -191,55 +165,28 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 
 }  // namespace
 
-// NOTE [ag_gemm schedule]: one chunk per rank, pushed by copy engines (like all_gather's push
-// mode), multiplied as it lands. Timeline of rank r (n ranks, C compute lanes, S = put_split;
-// c0 = the caller's stream):
-//
+// NOTE [ag_gemm schedule]: one chunk per rank, pushed by copy engines and multiplied as it
+// lands. Rank r, C compute lanes, S = put_split, c0 = the caller's stream:
 // clang-format off
 //   c0      | begin_op | fork | GEMM chunk r (own shard) | wait kData(r-C), GEMM r-C | ... | join
 //   c1      |          |      | wait kData(r-1), GEMM chunk r-1 | wait kData(r-1-C), GEMM ... |
-//   put 1   |          |      | wait kAck(r+1), put shard + scale_inv -> slot r of rank r+1, |
-//           |          |      |   signal kData                                               |
-//   ...     |          |      | ... (S lanes per peer, joined before the peer's signal)      |
-//   put n-1 |          |      | wait kAck(r-1), put shard + scale_inv -> slot r of rank r-1, |
-//           |          |      |   signal kData                                               |
+//   put 1   |          |      | wait kAck(r+1), put shard + scale_inv -> slot r of rank r+1, signal kData |
+//   ...     |          |      | ... (S lanes per peer, joined before the peer's signal)                   |
+//   put n-1 |          |      | wait kAck(r-1), put shard + scale_inv -> slot r of rank r-1, signal kData |
 //   own     |          |      | our own shard -> our slot r                                  |
 // clang-format on
+// With staggered_puts one set of put lanes carries the peers' puts in ring order: each rank
+// sends to one peer and receives from one at a time, r-1's shard first (NOTE [serial puts]).
+// Each put lane waits for its peer's acknowledgement, so the local GEMM starts at once. GEMM q
+// of the (chunk, piece, weight) sequence runs on lane q % C: a late peer delays its chunk alone.
 //
-// Chunk j's GEMM writes rows [j m, (j + 1) m) of Y straight into the output (row_offset). The
-// puts use no SMs (copy engines) and every peer pair its own NVLink links, so all shards land
-// at about the time one takes; the local chunk's GEMM covers that time. With staggered_puts,
-// one set of S put lanes carries the peers' puts one after another, in ring order: every rank
-// then sends to one peer and receives from one at a time (rank r gets r-1's shard first, the
-// order its GEMMs take), so the first peer chunk lands early and later ones while earlier
-// ones are multiplied; a GPU's copy engines send as fast to one peer as to all of them (NOTE
-// [serial puts] in symmetric_buffer.h), and fewer lanes cost less latency. begin_op
-// does not wait for the peers' acknowledgements on c0: each peer's put lanes wait for that
-// peer's (NOTE [deferred acknowledgements]), so the local chunk's GEMM starts at once. Compute
-// lanes take chunks in turn (step s on lane s % C), each lane waiting only for its own chunk's
-// flag, so a late peer delays its chunk's GEMM, not the others'. A peer writes into our slots only
-// after we acknowledged this op, i.e. after our previous op's GEMMs (joined into c0 before
-// begin_op) finished reading them (NOTE [buffer reuse]).
+// NOTE [no ring forwarding]: every shard goes to its destination in one hop (staggered: a ring's
+// steps without a flag wait per hop). TransformerEngine's forwarding ring measured the same.
+// Verdict: direct pushes. Measured: docs/performance-log.md [no ring forwarding].
 //
-// NOTE [no ring forwarding]: TransformerEngine's ring exchange forwards every chunk neighbour to
-// neighbour (n - 1 hops for the last one; its bidirectional variant halves the hops). Here every
-// shard goes straight to its destination in one hop; with staggered_puts the steps are a ring's (at
-// step s, rank r gets r-s's shard) without a flag wait per hop. A true ring measured the same and
-// was not kept (docs/performance-log.md [no ring forwarding]); a bidirectional one shortens the
-// chain of hops, not the bytes each GPU receives (n - 1 shards, one at a time: NOTE [serial puts]).
-//
-// NOTE [ag_gemm vs torch]: torch's async-TP (a barrier, its shard copied in alone, a barrier, each
-// peer's shard pulled under one chunk GEMM) was faster on the qkv FP8 rows at TP 4 until regions
-// were rounded to 2 MiB (NOTE [allocation granularity] in cuda_memory.h): the 64-byte tail of FP8
-// scale slots slowed every copy touching the region. Since then the staggered pushes match or beat
-// it. Ruled out on the way, among others: the own slot's copy, the scale_inv copies, the order
-// alone, and SM copies for part of each push (NOTE [sm puts]: slower, they wait for SMs the GEMMs
-// hold). Measured: docs/performance-log.md [ag_gemm vs torch].
-//
-// Several weights (AgGemmWeight: Q, K and V, or gate and up): the gather happens once and each
-// landed chunk is multiplied by every weight in turn, each GEMM writing chunk j's rows of its
-// own output. GEMM q = s W + w (step s, weight w of W) runs on compute lane q % C, which waits
-// for chunk j's flag before its first GEMM of that chunk.
+// NOTE [ag_gemm vs torch]: torch's async-TP was faster on the qkv FP8 rows at TP 4 only until
+// regions were rounded to 2 MiB (NOTE [allocation granularity]); since then the staggered pushes
+// match or beat it. Measured: docs/performance-log.md [ag_gemm vs torch].
 void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, const gemm::GemmOptions& options,
              const AgGemmConfig& config, cudaStream_t stream) {
@@ -285,27 +232,18 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   }
 
   // ---- the op --------------------------------------------------------------------------------
-  // Pushes only: the chunk GEMMs never wait for the peers' acknowledgements, each peer's put
-  // lanes wait for that peer's (NOTE [deferred acknowledgements]).
   const std::uint64_t epoch =
       begin_op(buf, OpCode::kAllGatherGemm, arg, kOp, stream, OpAccess{/*pushes_only=*/true});
   detail::take_piece_epochs(buf, stream);  // NOTE [ag_gemm pieces]
-  // Staggered: one set of put lanes carries the peers' puts one after another (NOTE [serial puts]
-  // in symmetric_buffer.h); otherwise a set of lanes per peer. Then, with keep_gathered, one lane
-  // for our own slot's copy. The put lanes announce each piece and copy the FP8 scale_inv
-  // themselves: an announcement or signal lane (its event edges wait behind the chunk GEMMs), the
-  // scale_inv on another lane, in an SM kernel or in begin_op's handshake were no faster, nor were
-  // pulls with stream-memop handshakes (docs/performance-log.md [ag_gemm put lanes]).
+  // The put lanes announce each piece and copy the scale_inv themselves: no alternative was
+  // faster (docs/performance-log.md [ag_gemm put lanes]).
   const bool serial = config.staggered_puts;
   const int put_lanes = serial ? split : std::max(1, (n - 1) * split);
   const int own_lane = lanes_c + put_lanes;
   t.fork(stream, own_lane + (config.keep_gathered ? 1 : 0));
-  // NOTE [ag_gemm own slot]: our own slot, so that the buffer holds the whole gathered input
-  // (only where the caller keeps it: nothing in this op reads it, the local chunk's GEMM reads
-  // the shard itself). Beside the pushes: a local copy, which would otherwise end the op after
-  // the last push. It is not free there: it shares the copy engines with the pushes, up to 8%
-  // of the op on the qkv FP8 rows (docs/performance-log.md [ag_gemm own slot]). Hence
-  // config.keep_gathered (false by default, NOTE [overlap defaults]).
+  // NOTE [ag_gemm own slot]: our own slot's copy (nothing in this op reads it) runs beside the
+  // pushes and shares their copy engines: up to 8% of the op. Verdict: only with keep_gathered.
+  // Measured: docs/performance-log.md [ag_gemm own slot].
   if (config.keep_gathered) {
     char* const own = buf.data(r);
     t.put(own + r * l.shard_bytes, a_shard.data, l.shard_bytes, stream, own_lane);
@@ -314,8 +252,7 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
             own_lane);
     }
   }
-  // Pushes first: the host transport runs in program order, so every rank must publish its
-  // shard before it waits for any peer's.
+  // Pushes first: on host every rank publishes its shard before it waits for any peer's.
   const std::size_t row_bytes = l.shard_bytes / static_cast<std::size_t>(m);
   for (int i = 1; i < n; ++i) {
     const int peer = (r + i) % n;
@@ -341,8 +278,7 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                first);
     }
   }
-  // Chunk GEMMs: our own first, then peers r-1, r-2, ..., each in its pieces (GEMM q, the
-  // q-th of the (chunk, piece, weight) sequence, on lane q % C).
+  // Chunk GEMMs: our own first, then peers r-1, r-2, ..., each in its pieces.
   const int num_weights = static_cast<int>(weights.size());
   std::vector<std::pair<int, int>> landed(lanes_c, {r, 0});  // per lane: last (chunk, piece)
   int q = 0;

@@ -1,6 +1,4 @@
-// Bulk overlap: one all-gather or reduce-scatter of one tensor beside one unrelated GEMM
-// (the backward pass: gather wgrad's input while dgrad runs; reduce-scatter dgrad's partial
-// sums while wgrad runs).
+// Bulk overlap: one all-gather or reduce-scatter of one tensor beside one unrelated GEMM.
 #include <algorithm>
 #include <vector>
 
@@ -25,10 +23,8 @@ namespace {
 constexpr const char* kAgOp = "bulk_all_gather";
 constexpr const char* kRsOp = "bulk_reduce_scatter";
 
-// Lanes of a bulk op: 0 = the caller's stream (protocol, waits, reduction), 1 = the GEMM,
-// 2 = the signal lane (NOTE [bulk signal lane]), then the put lanes: one set of put_split copy
-// lanes that carries the peers' puts one after another in ring order (serial puts, NOTE
-// [serial puts] in symmetric_buffer.h), or one set per peer.
+// Lanes: 0 = the caller's stream, 1 = the GEMM, 2 = signals, then one set of put_split put
+// lanes (NOTE [serial puts]) or one set per peer.
 constexpr int kGemmLane = 1;
 constexpr int kSignalLane = 2;
 constexpr int kFirstPutLane = 3;
@@ -37,13 +33,10 @@ int put_lanes(const SymmetricBuffer& buf) {
   return std::max(1, (buf.serial_puts() ? 1 : buf.size() - 1) * buf.put_split());
 }
 
-// NOTE [bulk signal lane]: a signal is a stream memory operation with a memory barrier that waits
-// for the copy before it; on the put lane it would also hold up the next copy, (n - 1) P of them in
-// a row with serial puts and pieces. So the put lanes only copy, back to back, and one signal lane
-// announces each put once its copy has completed (an event edge from the put lane, as for the
-// joined put_split lanes), in the order the puts complete. Faster at TP 2; on 4xH200 it did not
-// make four pieces piece-major any faster (NOTE [bulk_rs pieces]: the cost there was the receivers,
-// not the gaps). Measured: docs/performance-log.md [bulk signal lane].
+// NOTE [bulk signal lane]: a signal's memory barrier waits for the copy before it, and on the put
+// lane it would hold up the next copy too. So the put lanes only copy, back to back, and a
+// signal lane announces each put after an event edge from its lane. Verdict: faster at TP 2.
+// Measured: docs/performance-log.md [bulk signal lane].
 void announce(SymmetricBuffer& buf, int peer, std::uint64_t value, int put_lane,
               cudaStream_t stream) {
   Transport& t = buf.transport();
@@ -56,14 +49,8 @@ int first_put_lane(const SymmetricBuffer& buf, int i) {
   return kFirstPutLane + (buf.serial_puts() ? 0 : (i - 1) * buf.put_split());
 }
 
-// NOTE [bulk independence]: the side GEMM runs while peers write into this rank's buffer and
-// while the collective reads its input and writes its output, in no particular order. Its
-// result (and the collective's) is only well defined when the two share no memory that
-// either one writes, so every such overlap is refused before the op begins:
-//   - GEMM inputs and output vs. the buffer (written by peers, read by the reduction);
-//   - GEMM output vs. the collective's input (read by the puts and the reduction);
-//   - GEMM inputs and output vs. the collective's output (written by the reduction).
-// GEMM inputs may share memory with the collective's input (both only read it).
+// NOTE [bulk independence]: the side GEMM and the collective run in no particular order, so
+// neither may write memory the other touches (refused before the op); both may read one input.
 struct Extent {
   const char* begin = nullptr;
   const char* end = nullptr;
@@ -102,8 +89,7 @@ void check_disjoint(const std::vector<Extent>& gemm, const Extent& comm, const c
   }
 }
 
-// Everything the side GEMM needs checked before the op begins; returns its options with the
-// SM margin applied (cuda, when the caller gave no sm_count).
+// Checks the side GEMM; returns its options with the SM margin applied.
 gemm::GemmOptions check_side_gemm(const SymmetricBuffer& buf, const SideGemm& g, int sm_margin,
                                   const char* op) {
   const gemm::GemmTarget target = gemm::gemm_target(buf.transport().device());
@@ -126,15 +112,10 @@ void check_can_begin(const SymmetricBuffer& buf, cudaStream_t stream, const char
   buf.transport().check_stream(stream);
 }
 
-// NOTE [bulk schedule]: the GEMM is issued first, on its own lane forked from the caller's
-// stream, and so waits for nothing of the collective (a late peer delays the collective,
-// never the GEMM). begin_op then runs on the caller's stream. Both bulk ops only push (nobody
-// reads a peer's region), so begin_op does not wait for the acknowledgements there: the put
-// lanes wait for each peer's before they write into its buffer (NOTE [deferred
-// acknowledgements], NOTE [buffer reuse]), or, when begin_op did wait for all of them (host
-// transport, capture, after a pull op), for the caller's stream, since the lanes were forked
-// before it. If begin_op throws (an op-record mismatch), the lanes are joined first, so that
-// the caller's stream still covers the GEMM it was promised.
+// NOTE [bulk schedule]: the GEMM is issued first on its own lane, so a late peer delays the
+// collective, never the GEMM. Both ops only push: the put lanes wait for each peer's
+// acknowledgement (NOTE [deferred acknowledgements]), or for lane 0 where begin_op waited for
+// all. If begin_op throws, the lanes are joined so the caller's stream still covers the GEMM.
 std::uint64_t begin_beside_gemm(SymmetricBuffer& buf, OpCode code, std::uint64_t arg,
                                 const SideGemm& g, const gemm::GemmOptions& options, int lanes,
                                 const char* op, cudaStream_t stream) {
@@ -149,9 +130,8 @@ std::uint64_t begin_beside_gemm(SymmetricBuffer& buf, OpCode code, std::uint64_t
   }
 }
 
-// Copies `bytes` from src to dst, in `peer`'s buffer, on the put lanes first..first+split-1,
-// the op's first write into `peer` (`first_write`) once `peer` may be written (NOTE [bulk
-// schedule]); lane `first` then waits for the others.
+// Copies into `peer`'s buffer on lanes first..first+split-1 (the first write once `peer` may
+// be written, NOTE [bulk schedule]); lane `first` then waits for the others.
 void put_to_peer(SymmetricBuffer& buf, std::uint64_t epoch, int peer, char* dst, const char* src,
                  std::size_t bytes, int first, bool first_write, const char* op,
                  cudaStream_t stream) {
@@ -173,21 +153,14 @@ void put_to_peer(SymmetricBuffer& buf, std::uint64_t epoch, int peer, char* dst,
 
 }  // namespace
 
-// NOTE [bulk_all_gather schedule]: timeline of rank r (n ranks, S = put_split, c0 = the
-// caller's stream):
-//
+// NOTE [bulk_all_gather schedule]: rank r, S = put_split, c0 = the caller's stream:
 // clang-format off
 //   c0      | fork | begin_op | put own shard -> own slot r | wait kData(r-1) ... kData(r+1) | join
 //   gemm    |      | GEMM (independent operands, its own sm_count) .......................... |
-//   put     |      |          | wait kAck(r+1), put shard + scale_inv -> slot r of rank r+1;  |
-//           |      |          |   then r+2, ..., r-1 (S lanes, joined per peer)               |
+//   put     |      |          | wait kAck(r+1), put shard + scale_inv -> slot r of r+1; then r+2, ..., r-1 |
 //   signal  |      |          | after each peer's put (event edge): signal its kData          |
 // clang-format on
-//
-// Without serial puts, the put lanes of peer r+i (a set of S per peer) carry its put, all
-// peers at once. The puts are copy-engine copies and the flags stream memory operations, so
-// the all-gather takes no SM from the GEMM. The layout is ag_gemm's (NOTE [ag_gemm layout]):
-// a buffer filled here reads like one filled by ag_gemm.
+// Copy engines and stream memory operations only: no SM taken from the GEMM.
 void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, const SideGemm& g,
                             cudaStream_t stream) {
   const int r = buf.rank();
@@ -238,47 +211,20 @@ void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, cons
   t.join(stream);
 }
 
-// NOTE [bulk_reduce_scatter schedule]: push, then reduce locally. Timeline of rank r (n
-// ranks, S = put_split, m = rows / n, c0 = the caller's stream, one piece):
-//
+// NOTE [bulk_reduce_scatter schedule]: push, then reduce locally (rank r, one piece):
 // clang-format off
 //   c0      | fork | begin_op | wait kData(r-1) ... kData(r+1) | reduce (<= reduce_max_blocks) | join
 //   gemm    |      | GEMM (sm_count = SMs - gemm_sm_margin) ................................... |
-//   put     |      |          | wait kAck(r+1), put input rows of rank r+1 -> its slot r;       |
-//           |      |          |   then r+2, ..., r-1 (S lanes, joined per peer)                 |
+//   put     |      |          | wait kAck(r+1), put input rows of r+1 -> its slot r; then r+2, ..., r-1 |
 //   signal  |      |          | after each peer's put (event edge): signal its kData            |
 // clang-format on
+// The reduction reads local memory only, in rank order, on a bounded grid beside the GEMM.
 //
-// (Serial puts, the default; without them a set of S put lanes per peer, all peers at once.)
-//
-// The copy engines carry every byte over NVLink (no SM), straight from the caller's input
-// into the peers' buffers (no staging copy); the reduction then reads local memory only: the
-// own rows of the input and the n-1 slots, summed in rank order with fp32 accumulation (the
-// same sum on every rank, and the same as the reference's). Its grid is bounded and the GEMM
-// plans for the SMs left, so both make progress while they overlap. A peer writes our slots
-// only after we acknowledged this op, i.e. after our previous op's reduction (stream-ordered
-// before that acknowledgement) finished reading them (NOTE [buffer reuse]); nobody reads our
-// region remotely, so the op only pushes (NOTE [bulk schedule]).
-//
-// NOTE [bulk_rs pieces]: the reduction can only start once the last byte has landed, and it then
-// needs (n + 1) m N elements of HBM traffic on the SMs the GEMM left, so with one piece the GEMM
-// must leave many SMs free for nearly its whole run. With P = config.pieces > 1, each peer's rows
-// travel in P pieces (rows [lo(p), lo(p + 1)) of every chunk, slot and output, like NOTE [gemm_rs
-// pieces]), piece p announced by the value e + p on the one kData flag (the pieces of one sender
-// are announced in order on its signal lane: "flag >= e + p" means pieces 0..p have landed), and c0
-// reduces piece p as soon as every peer's piece p is there (the amax max-reduced over the pieces).
-// The reduction then runs beside the later pushes: the same work spread over a longer window, so a
-// smaller SM margin suffices. Every op takes kPieceEpochs epochs whatever P, so that ranks stay in
-// step if one passes a different P (the op record, which includes P, reports it).
-//
-// With more than one peer and serial puts the pieces go peer-major (all of peer r+1's pieces, then
-// r+2's, ...), so that each rank still sends to one peer at a time in n - 1 long steps and a
-// receiver is written by one sender at a time. Piece p of the last sender lands in the last step,
-// so pieces 0..P-2 are reduced beside the last step's copies and only the last piece's reduction
-// follows it. Piece-major (piece p to every peer first) made the steps P times as many and as
-// short, and was slower on 4xH200: whenever ranks are out of step a receiver is written by two
-// senders at once, and a copy beside a second sender is much slower than alone; more and shorter
-// steps leave more of the op exposed to that. Measured: docs/performance-log.md [bulk_rs pieces].
+// NOTE [bulk_rs pieces]: with one piece the reduction starts after the last byte, so the GEMM
+// must leave many SMs free for nearly its whole run. With P > 1 row pieces (announced as in NOTE
+// [ag_gemm pieces]) c0 reduces piece p beside the later pushes: a smaller SM margin suffices.
+// Serial puts go peer-major (one sender per receiver; piece-major was slower on 4xH200).
+// Measured: docs/performance-log.md [bulk_rs pieces].
 void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
                                 const ScatterOutput& out, const SideGemm& g,
                                 const BulkRsConfig& config, cudaStream_t stream) {
@@ -344,9 +290,7 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
   const char* src = static_cast<const char*>(in.data);
   const std::size_t in_row_bytes = static_cast<std::size_t>(in.cols) * in_es;
   const std::size_t out_row_bytes = static_cast<std::size_t>(in.cols) * dtype_size(out.dtype);
-  // In the order the pieces land (NOTE [bulk_rs pieces]), which is the signal lane's: with
-  // serial puts peer-major (every piece of peer r+1's rows, then r+2's, ...), with a put lane
-  // set per peer piece-major (piece p to every peer, then piece p + 1).
+  // In the order the pieces land: serial puts peer-major, a lane set per peer piece-major.
   const bool serial = buf.serial_puts();
   const int steps = (n - 1) * pc.count();
   for (int k = 0; k < steps; ++k) {

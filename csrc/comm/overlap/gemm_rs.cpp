@@ -29,8 +29,7 @@ namespace {
 
 constexpr const char* kOp = "gemm_rs";
 
-// Piece p of rows [j m, (j + 1) m) of X, the rows whose sums belong to rank j (NOTE [gemm_rs
-// pieces]; one piece: the whole chunk).
+// Piece p of the rows of X whose sums belong to rank j (NOTE [gemm_rs pieces]).
 gemm::GemmOperand piece_operand(const gemm::GemmOperand& a, std::int64_t m, int j, const Pieces& pc,
                                 int p) {
   return detail::row_block(a, j * m + pc.lo(p), pc.rows(p));
@@ -90,13 +89,9 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 
 }  // namespace detail
 
-// NOTE [gemm_rs schedule]: rank r computes the chunks in the order r+1, r+2, ..., r, so the
-// chunk each peer needs first is produced first (rank r-1 computes our chunk first), and signals
-// each to its rank as soon as it is written; that rank's copy engines pull it while the next
-// chunk is computed. Only the last chunk (our own, which travels nowhere) and the local
-// reduction are not overlapped. Timeline of rank r (n ranks, one piece, c0 = the caller's
-// stream):
-//
+// NOTE [gemm_rs schedule]: rank r computes the chunks in the order r+1, r+2, ..., r and signals
+// each as soon as it is written; its rank pulls it while the next is computed. Only our own
+// chunk and the local reduction are exposed. Rank r, one piece:
 // clang-format off
 //   c0      | begin_op | fork | GEMM r+1, signal | GEMM r+2, signal | ... | GEMM r | join | reduce
 //   pull 1  |          |      | wait kData(r-1), pull its send slot r -> recv slot r-1  |      |
@@ -104,45 +99,21 @@ GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a
 //   ...     |          |      |                  ...                                    |      |
 //   pull n-1|          |      |                  wait kData(r+1), pull ...              |      |
 // clang-format on
+// The reduction reads local memory only, in rank order, on a bounded grid. Peers read our send
+// slots until they acknowledge our next op (NOTE [buffer reuse]).
 //
-// The reduction sums, in rank order with fp32 accumulation, our send slot r and the receive
-// slots of every peer, all local memory, into the output (FP8 with scale and amax optional),
-// with a bounded grid (config.reduce_max_blocks). With C > 1 compute lanes, the chunk for the
-// s-th destination (r+1+s) runs on lane s % C. A peer pulls our send slots until it enters the
-// next op, whose acknowledgement we wait for before writing them again (NOTE [buffer reuse]);
-// our receive slots are written and read only by this rank, in stream order.
-//
-// NOTE [gemm_rs pieces]: with whole chunks, the chunk of rank r+1 (the last peer served) is
-// computed at step n-2 and then crosses one NVLink pair alone, and the reduction of the whole
-// output follows: where the transfers take about as long as the GEMM (comm-bound shapes such
-// as proj at TP 4), the op is about T_gemm + T_pull(chunk) + T_reduce. With P = config.pieces
-// > 1, every chunk is split into P pieces (rows [lo(p), lo(p + 1)) of the chunk: the same rows
-// of the send slot, the receive slot and the output) and the GEMMs run in P rounds, round p
-// computing piece p of every chunk in the order r+1, ..., r. Piece p is announced by the value
-// e + p on the one kData flag (a destination's pieces run in order on one compute lane, so
-// "flag >= e + p" means pieces 0..p are written; NOTE [ag_gemm pieces] for the epochs), pulled
-// by the pull lanes of its sender in order, and, once every peer's piece p has landed and our
-// own piece p is computed, summed into the output's rows of piece p on a reduce lane while
-// later rounds are computed (the amax max-reduced over the pieces). Every link then carries
-// data from the first round on, and only the last round's pull and reduction stay exposed:
-// about T_gemm + (T_pull(chunk) + T_reduce) / P, for GEMMs 1/P as tall.
-//
+// NOTE [gemm_rs pieces]: with whole chunks a comm-bound op takes about T_gemm + T_pull(chunk) +
+// T_reduce. With P = config.pieces > 1 the GEMMs run in P rounds of row pieces of every chunk;
+// piece p is announced by e + p (NOTE [ag_gemm pieces]), pulled, and reduced on a reduce lane
+// while later rounds run: about T_gemm + (T_pull + T_reduce) / P, for GEMMs 1/P as tall.
 // clang-format off
 //   c0 ... C-1 | round 0: GEMM piece 0 of r+1, signal e, ..., of r | round 1: ... e+1 ... | join | reduce P-1
 //   pull i     |   wait kData(r-i) >= e, pull piece 0 | wait >= e+1, pull piece 1 | ...  |      |
 //   reduce     |        wait pulls and own piece 0, reduce piece 0 | ... piece P-2 |      |      |
 // clang-format on
-//
-// Pieces did NOT pay on 4xH200 (NVSwitch), so the default stays 1: through the switch one peer's
-// pull gets the whole NVLink bandwidth, so the link-parallelism argument above does not hold there,
-// a rank's pulls run back to back (the copy engines take them in turn) whatever the schedule, and
-// what earlier pulls save, the shorter GEMMs and the reductions beside them cost. Also tried and
-// not kept (none beat the best whole-chunk variant): the GEMM storing its partial sums straight
-// into the peers' receive slots (cuBLASLt's epilogue stores to peer memory are slow); the reduction
-// reading the last peer's send slot in place over NVLink (the kernel's loads move it well under the
-// copy engines' rate); rounds over the peers' chunks only, or pieces of our own chunk only; the
-// pull lanes' flag waits as polling kernels (they need SMs the GEMMs hold). Measured:
-// docs/performance-log.md [gemm_rs pieces].
+// Verdict: pieces did not pay on 4xH200 (through NVSwitch a rank's pulls run back to back
+// whatever the schedule), so the default is 1; no alternative tried beat whole chunks.
+// Measured: docs/performance-log.md [gemm_rs pieces].
 void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
              const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
              const GemmRsConfig& config, cudaStream_t stream) {
@@ -177,8 +148,7 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
   }
   const ReduceOutput o = detail::gemm_rs_output(d, out_scale_inv, config.reduce_max_blocks);
   const std::size_t out_row_bytes = static_cast<std::size_t>(cols) * dtype_size(d.dtype);
-  // Piece p of the output: the sum, in rank order (the same on every rank whichever rank
-  // computed it), of our send slot r and every peer's receive slot, all local memory.
+  // Piece p of the output: in rank order, so the same sum on every rank.
   const auto reduce_piece = [&](int p, int lane) {
     const std::size_t offset = static_cast<std::size_t>(pc.lo(p) * cols) * psize;
     std::vector<const void*> inputs(n);
@@ -194,9 +164,7 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
   };
 
   // ---- the op --------------------------------------------------------------------------------
-  // The acknowledgements in one handshake kernel (NOTE [handshakes]): c0 runs it before the
-  // first chunk GEMM, while the SMs are idle; faster than stream memory operations on the
-  // comm-bound rows (docs/performance-log.md [gemm_rs handshake]).
+  // One handshake kernel while the SMs are idle (docs/performance-log.md [gemm_rs handshake]).
   const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream,
                                        OpAccess{/*pushes_only=*/false, /*handshake=*/true});
   detail::take_piece_epochs(buf, stream);  // NOTE [gemm_rs pieces]
@@ -204,8 +172,7 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
   const int reduce_lane = lanes_c + pull_lanes;  // used with pieces only
   t.fork(stream, reduce_lane + (pc.count() > 1 ? 1 : 0));
   for (int p = 0; p < pc.count(); ++p) {
-    // GEMMs first: the host transport runs in program order, so every rank must publish its
-    // partial sums of a round before it waits for any peer's.
+    // GEMMs first: on host every rank publishes a round before it waits for any peer's.
     for (int s = 0; s < n; ++s) {
       const int j = (r + 1 + s) % n;
       const int lane = s % lanes_c;  // one lane per destination: its pieces stay in order

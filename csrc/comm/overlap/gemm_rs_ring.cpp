@@ -19,18 +19,10 @@ GemmRsLayout gemm_rs_ring_layout(int size, std::size_t partial_bytes) {
   return l;
 }
 
-// NOTE [ring sub-epochs]: a hop is announced by a flag, and a flag carries epochs that only grow
-// (NOTE [flags] in transport.h): a value written by op e must be <= e, or a later op waiting for
-// its own epoch would pass at once. The ring sends (size - 1) x subchunks pieces from rank r to
-// rank r+1, all announced on the one flag r -> r+1 (kData), so the op takes that many epochs:
-// begin_op takes epoch e, the op then takes e+1 ... e+E-1 from the buffer (noting each one for
-// CUDA-graph capture, NOTE [graph capture] in cuda/graph_log.h), and piece i is announced by the
-// value e + i. The pieces are pushed in order on one lane, so "flag >= e + i" means pieces
-// 0..i have landed. E depends on the group size alone (never on the call's arguments), so the
-// ranks' epochs stay in step whatever a rank passes; it is odd, so that consecutive ops keep
-// alternating op-record slots (NOTE [op records] in op_protocol.cpp) and the record check
-// stays effective. The next op on the buffer begins at e + E and waits for every peer's
-// acknowledgement of e + E, as after any other op.
+// NOTE [ring sub-epochs]: flag values only grow (NOTE [flags]), so the ring's (size - 1) x
+// subchunks pieces on the one flag r -> r+1 take E epochs of their own: piece i is announced by
+// e + i ("flag >= e + i": pieces 0..i landed, they go in order). E depends on the group size
+// alone (ranks stay in step) and is odd (NOTE [op records] keep alternating slots).
 std::uint64_t gemm_rs_ring_epochs(int size) {
   const std::uint64_t pieces =
       static_cast<std::uint64_t>(std::max(0, size - 1)) * kMaxRingSubchunks;
@@ -65,19 +57,15 @@ class RingPlan {
   std::size_t part_bytes(std::int64_t rows) const {
     return static_cast<std::size_t>(rows * s_.cols) * dtype_size(s_.partial);
   }
-  // The chunk rank r works on at step s: that of rank (r - s - 1) mod n, which started at rank
-  // r - s and reaches its owner at step n - 1.
+  // The chunk rank r works on at step s: rank (r - s - 1) mod n's.
   int chunk(int s) const { return ((r_ - s - 1) % n_ + n_) % n_; }
   // Slot `i` of `owner`'s region (0: send, 1 + h: receive slot of hop h).
   char* slot(int owner, int i) const { return buf_.data(owner) + i * l_.slot_bytes; }
-  // Where step s leaves its running sum: the final output (non-FP8, last step), else the slot it
-  // accumulates into (the send slot at step 0, the receive slot of hop s - 1 after).
+  // Where step s leaves its running sum: the output (non-FP8, last step), else a slot.
   bool writes_output(int s) const { return s == n_ - 1 && !fp8_out_; }
   int out_slot(int s) const { return s == 0 ? 0 : s; }  // slot 1 + (s - 1)
-  // The slot holding the final sum of an FP8 output (cast after the last step).
   int final_slot() const { return out_slot(n_ - 1); }
 
-  // Sub-chunk k's rows of the final output (non-FP8 outputs).
   char* output_rows(int k) const { return static_cast<char*>(d_.data) + offset(k); }
 
   gemm::GemmOperand input(int s, int k) const {
@@ -115,8 +103,7 @@ class RingPlan {
   GemmRsLayout l_;
 };
 
-// The two schedules of the ring (NOTE [gemm_rs_ring schedule], NOTE [gemm_rs_ring pulls]) and
-// what they issue with.
+// The ring's two schedules: NOTE [gemm_rs_ring schedule] and NOTE [gemm_rs_ring pulls].
 struct RingSchedule {
   RingSchedule(SymmetricBuffer& buf_, const RingPlan& plan_, const gemm::GemmOperand& b_,
                const gemm::GemmOptions& options_, int lanes_c_, cudaStream_t stream_)
@@ -133,8 +120,7 @@ struct RingSchedule {
         prev((r + n - 1) % n),
         sub(plan_.subchunks()) {}
 
-  // Opens the op (begin_op with `access`, then its sub-epochs: NOTE [ring sub-epochs]);
-  // returns its first epoch.
+  // begin_op, then the sub-epochs (NOTE [ring sub-epochs]); returns the first epoch.
   std::uint64_t open(std::uint64_t arg, OpAccess access) const {
     const std::uint64_t epoch = begin_op(buf, OpCode::kGemmReduceScatter, arg, kOp, stream, access);
     for (std::uint64_t i = 1; i < gemm_rs_ring_epochs(n); ++i) {
@@ -145,8 +131,6 @@ struct RingSchedule {
 
   // NOTE [gemm_rs_ring schedule]: pushes.
   void pushes(std::uint64_t arg) const {
-    // Pushes only: the GEMMs never wait for the peers' acknowledgements, the put lanes wait for
-    // the successor's before the first push (NOTE [deferred acknowledgements]).
     const std::uint64_t epoch = open(arg, OpAccess{/*pushes_only=*/true});
     const int split = buf.put_split();
     const int put_lane = lanes_c;           // .. put_lane + split - 1
@@ -154,8 +138,7 @@ struct RingSchedule {
     t.fork(stream, lanes_c + split + 1);
     wait_ack(buf, epoch, next, kOp, stream, put_lane);
     for (int p = 1; p < split; ++p) t.lane_wait(stream, put_lane + p, put_lane);
-    // Host transport: program order. Rank r waits at step s for rank r-1's step s-1 only, which
-    // rank r-1 issues before it waits for anything of step s, so there is no cycle.
+    // Host program order: rank r-1 issues step s-1 before it waits for anything of step s.
     for (int s = 0; s < n; ++s) {
       for (int k = 0; k < sub; ++k) {
         const int q = s * sub + k;
@@ -195,17 +178,13 @@ struct RingSchedule {
 
   // NOTE [gemm_rs_ring pulls].
   void pulls(std::uint64_t arg) const {
-    // The successor reads our slots: the GEMMs, which write them, wait for every acknowledgement
-    // of the previous op, exchanged in one handshake (the SMs are idle there).
+    // The successor reads our slots, so every acknowledgement comes first, in one handshake.
     const std::uint64_t epoch = open(arg, OpAccess{/*pushes_only=*/false, /*handshake=*/true});
     const int pull_lane = lanes_c;
-    // With several compute lanes the announcements go through one lane, in order: a flag's
-    // value must only grow with pieces that have all landed (NOTE [ring sub-epochs]).
+    // Several compute lanes announce through one lane, in order (NOTE [ring sub-epochs]).
     const bool signal_lane = lanes_c > 1;
     const int sig_lane = lanes_c + 1;
     t.fork(stream, lanes_c + (signal_lane ? 2 : 1));
-    // Host transport: program order, as for the pushes (rank r waits at step s for rank r-1's
-    // announcement of step s-1, which rank r-1 makes before it waits for anything of step s).
     for (int s = 0; s < n; ++s) {
       for (int k = 0; k < sub; ++k) {
         const int q = s * sub + k;
@@ -247,76 +226,33 @@ struct RingSchedule {
 
 }  // namespace
 
-// NOTE [gemm_rs_ring schedule]: chunk c (the rows of rank c) starts at rank c+1, which computes
-// its partial from scratch and pushes it to rank c+2; each rank on the way adds its own partial
-// to the running sum it received (the GEMM's beta = 1 epilogue, in place in the receive slot,
-// so no reduction kernel and no SMs beside the GEMMs) and pushes it on; rank c adds the last
-// partial into its output. So at step s rank r works on the chunk of rank (r - s - 1) mod n.
-//
-// Why sub-chunks: with whole chunks, rank r's GEMM of step s needs what rank r-1 computed at
-// step s-1 and pushed since, so every step costs GEMM + transfer and nothing overlaps. Each
-// chunk is therefore split into S sub-chunks (config.ring_subchunks) issued in order: the
-// piece of sub-chunk k travels while the other S-1 sub-chunks are multiplied, so the ring runs
-// at GEMM speed once a piece (1/S of a chunk) moves within S-1 sub-GEMMs, i.e. once moving a
-// chunk takes at most (S-1) times its GEMM (S = 2: no longer than the GEMM). Beyond that the
-// ring is bound by the link to the successor (n-1 chunks per rank, like any reduce-scatter).
-// Timeline of rank r (n ranks, S = 2, one compute lane; G(s,k) = sub-GEMM k of step s; "in"
-// = wait for piece (s-1, k) from r-1):
-//
+// NOTE [gemm_rs_ring schedule]: chunk c starts at rank c+1, which computes its partial and
+// pushes it to c+2; each rank adds its partial to the running sum received (beta = 1, in place)
+// and passes it on; rank c adds the last into its output. With whole chunks every step would
+// cost GEMM + transfer, so each chunk is split into S = ring_subchunks pieces: one travels while
+// the other S-1 are multiplied. Rank r, S = 2, one compute lane, G(s,k) = sub-GEMM k of step s,
+// "in" = wait for piece (s-1, k) from r-1:
 // clang-format off
 //   c0    | begin_op | fork | G(0,0) | G(0,1) | in G(1,0) | in G(1,1) | ... | G(n-1,0) | G(n-1,1) | join | FP8: cast
 //   put   |          |      | wait kAck(r+1) | push (0,0) -> r+1 | push (0,1) | push (1,0) | ...  |      |
 //   copy  |          |      |                               ... in (n-2,k): recv slot -> out rows |      |
 // clang-format on
+// The last step accumulates in the output rows (an FP8 output: in its slot, then one cast). No
+// slot is written twice in an op, so the put lanes wait for r+1's acknowledgement only once.
 //
-// Pushes go by copy engine (put, put_split copies per piece) into the successor's receive
-// slot of that hop, then signal the piece's sub-epoch on the one flag r -> r+1 (NOTE [ring
-// sub-epochs]). The last step of a bf16/fp16/fp32 output first copies the received running sum
-// into the output (copy lane, while the previous sub-GEMM runs) and accumulates there; an FP8
-// output cannot accumulate, so the last step accumulates in its receive slot and one cast
-// kernel writes the output with scale, scale_inv and amax (max |sum| of the final chunk: the
-// chunk is local by then). With C > 1 compute lanes, sub-GEMM q = s S + k runs on lane q % C.
-//
-// Buffer reuse: every hop has its own receive slot (no slot is written twice in an op, so no
-// per-hop acknowledgement is needed); a peer pushes into our slots only after we acknowledged
-// its op, i.e. after our previous op on this buffer joined (NOTE [buffer reuse]). The put
-// lanes wait for that acknowledgement of rank r+1 before the first push; the GEMMs, which
-// write only this rank's region, do not wait for any (NOTE [deferred acknowledgements]).
-//
-// NOTE [gemm_rs_ring pulls] (config.pull_shards): the same ring and sub-chunks, but each rank
-// leaves the running sum of step s in its own slot (slot 0 at step 0, else the slot it
-// accumulated in) and announces each piece with the flag r -> r+1 right after the piece's
-// GEMM; rank r+1 waits for that flag on its pull lane, copies the piece from rank r's slot
-// into its receive slot of hop s (at the last step of a non-FP8 output: straight into the
-// output rows, so the push schedule's extra local copy goes), and its GEMM of step s+1 waits
-// for the pull by an event edge. The flag carries the sub-epoch of the piece (NOTE [ring
-// sub-epochs]); with several compute lanes the announcements go through one signal lane, in
-// order, so that a flag's value never passes a piece that has not been written. Because peers
-// read our slots, the GEMMs (which write them) must wait for every acknowledgement of the
-// previous op: begin_op exchanges them in one handshake kernel (NOTE [handshakes]) while the
-// SMs are idle. Timeline of rank r (S = 2, one compute lane; "in" = the pulled piece):
-//
+// NOTE [gemm_rs_ring pulls] (config.pull_shards): each rank signals r+1 right after a piece's
+// GEMM and r+1's pull lane copies the running sum from its slot; a pushed piece waits behind its
+// copy's signal and the receiver's copy instead.
+// Verdict: fastest GEMM+RS on most TP 2 rows (NOTE [ub tp 2]), few at TP 4. Measured:
+// docs/performance-log.md [gemm_rs_ring pulls]. Rank r, S = 2, "in" = the pulled piece:
 // clang-format off
 //   c0    | begin_op: handshake | G(0,0) | sig | G(0,1) | sig | in G(1,0) | sig | in G(1,1) | ... | join
 //   pull  |                     | wait (0,0) of r-1 | pull (0,0) | wait (0,1) | pull (0,1) | ...
 // clang-format on
 //
-// Why: a push is announced by a signal behind its copy on the put lane, then awaited and copied
-// into place by the receiver, so in CUPTI timelines a piece's GEMM on the receiving rank started
-// long after the push ended. A signal right after the GEMM on the compute lane reaches the peer's
-// waiting pull lane within microseconds, so a piece is ready about one copy after its GEMM. Fastest
-// GEMM+RS method on most TP 2 rows (initialize_ub's default there, NOTE [ub tp 2] in
-// overlap/ub.py), on few at TP 4 (docs/performance-log.md [gemm_rs_ring pulls]).
-//
-// NOTE [gemm_rs_ring numerics]: chunk c's result is (((p_{c+1} + p_{c+2}) + ...) + p_c), summed
-// in ring order from rank c+1 (so the order differs per chunk, deterministically). Each GEMM
-// accumulates its product in fp32 (cuBLASLt; FP8 with fast_accum as configured; float64 on the
-// host transport) and adds the received running sum at that precision, then rounds the new
-// running sum to the partial dtype (bf16 for FP8 and bf16 outputs): n roundings of running
-// sums, where the pipelined method rounds each of the n partials and then the fp32 sum once.
-// Both errors are a few units of the partial dtype's rounding times the magnitudes involved;
-// the results differ in the last bits, not bit-exact with gemm_rs (the tests allow 2 (n + 1)
-// roundings relative to the largest value).
+// NOTE [gemm_rs_ring numerics]: chunk c is (((p_{c+1} + p_{c+2}) + ...) + p_c), each running
+// sum rounded to the partial dtype. Verdict: not bit-exact with gemm_rs, which rounds the n
+// partials and the fp32 sum once (the tests allow 2 (n + 1) roundings of the largest value).
 void gemm_rs_ring(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmOperand& b,
                   const gemm::GemmOutput& d, float* out_scale_inv, const gemm::GemmOptions& options,
                   const GemmRsRingConfig& config, cudaStream_t stream) {

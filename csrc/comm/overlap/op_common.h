@@ -36,8 +36,7 @@ inline void check_scaling(const gemm::GemmOperand& x, const char* op, const char
                    << " scaling; the overlap ops take bf16/fp16/fp32 or per-tensor FP8 operands");
 }
 
-// What every overlap op checks first: the buffer is ready, the compute lanes valid, the operands
-// per-tensor FP8 or unscaled.
+// What every overlap op checks first (buffer ready, compute lanes, per-tensor or no scaling).
 inline void check_op(const SymmetricBuffer& buf, int compute_lanes, const gemm::GemmOperand& a,
                      const gemm::GemmOperand& b, const char* op) {
   buf.check_ready(op);
@@ -69,8 +68,7 @@ class Pieces {
   int p_;
 };
 
-// Right after begin_op returned epoch e: takes e+1 .. e+kPieceEpochs-1 from the buffer too
-// (noting each for CUDA-graph capture), so that piece p can be announced by e + p.
+// Right after begin_op returned e: takes e+1 .. e+kPieceEpochs-1 too (NOTE [ag_gemm pieces]).
 inline void take_piece_epochs(SymmetricBuffer& buf, cudaStream_t stream) {
   for (std::uint64_t i = 1; i < kPieceEpochs; ++i) {
     buf.transport().note_op(buf, buf.next_epoch(), stream);
@@ -86,16 +84,13 @@ struct GemmRsShape {
   DType partial = DType::kBFloat16;
 };
 
-// The argument rules both GEMM -> RS methods share (defined in gemm_rs.cpp): the buffer, compute
-// lanes and operand kinds, the input's rows, the output's shape, dtype and FP8 scales, no bias,
-// gelu or beta. Throws before anything is communicated; `op` names the caller.
+// The argument rules both GEMM -> RS methods share (gemm_rs.cpp); `op` names the caller.
 GemmRsShape check_gemm_rs(const SymmetricBuffer& buf, const gemm::GemmOperand& a,
                           const gemm::GemmOperand& b, const gemm::GemmOutput& d,
                           const float* out_scale_inv, const gemm::GemmOptions& options,
                           int compute_lanes, const char* op);
 
-// How both GEMM -> RS methods store their sum into the caller's output `d` (FP8: with its
-// scale and amax, and 1 / scale into out_scale_inv).
+// How both GEMM -> RS methods store their sum into `d` (FP8: scale, amax, out_scale_inv).
 inline ReduceOutput gemm_rs_output(const gemm::GemmOutput& d, float* out_scale_inv,
                                    int reduce_max_blocks) {
   ReduceOutput o;

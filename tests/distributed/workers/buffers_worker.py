@@ -130,7 +130,8 @@ def check_gathered(
     for col in (False, True):
         if not usage[col]:
             continue
-        # Shard by shard: rank k's own data and scale_inv (NOTE [one scale per tensor]).
+        # Shard by shard: rank k's own data and scale_inv (NOTE [one scale per per-tensor
+        # tensor] in overlap/buffers/manager.py).
         for k in range(tp.size):
             got = deq(view.shard(k), col)
             assert torch.equal(got, deq(refs[k], col)), f"{what}: shard {k} col={col}"
