@@ -117,22 +117,15 @@ def time_op(
     timed calls see the clocks the GPU holds under sustained load, as in a training step: an
     H200 running GEMMs back to back is power-limited within milliseconds, its GEMMs up to 20%
     slower than from idle (NOTE [gemm autotune] in csrc/gemm/cuda/autotune.h), while its
-    copy-engine transfers keep their speed. That changes what overlap costs (dev probe,
-    2026-11-22, two H200s, 32 MB copies to or from the peer back to back beside torch's
-    GEMMs): from idle the GEMMs ran 3.6-4.8% slower beside the copies (te8192 chunk bf16
-    0.342 -> 0.354 / 0.357 ms), power-limited within 0.3% (0.408 either way). Yet the overlap
-    ops gained nothing from it on the whole TP 4 suite (4xH200, same day): T_gemm 1-14% higher
-    than in the ``gpu`` mode, ours / floor about the same (median 1.065 against 1.061, 17 of
-    24 rows <= 1.10 in both; the comm-bound GEMM+RS rows 1-3% nearer the floor, several
-    GEMM-bound AG rows up to 5% further). The number of heating calls comes from the GPU time
-    of three calls queued behind a spin; ``agree`` (e.g. the maximum over ranks) makes every
-    rank issue the same number, as collective calls must. The spin lasts until the host has
-    enqueued the heating and the timed calls alike, so that they run back to back even where
-    the host is slower to enqueue a call than the GPU to run it (NOTE [host-bound rows] in
-    benchmarks/overlap_ops.py). Host-bound calls still measure worse here than in the ``gpu``
-    mode: torch's FP8 all-gather op on the te4096 row (host 0.87 ms per call, GPU 0.22)
-    measured 0.78 ms (with a spin sized for the timed calls only, torch's qkv and proj FP8
-    rows measured about 2x slower too; with this spin they agree).
+    copy-engine transfers keep their speed; what that changes for overlap is small (measured:
+    docs/performance-log.md [sustained timing]). The number of heating calls comes from the
+    GPU time of three calls queued behind a spin; ``agree`` (e.g. the maximum over ranks)
+    makes every rank issue the same number, as collective calls must. The spin lasts until
+    the host has enqueued the heating and the timed calls alike, so that they run back to
+    back even where the host is slower to enqueue a call than the GPU to run it (NOTE
+    [host-bound rows] in benchmarks/overlap_ops.py); host-bound calls still measure worse here
+    than in the ``gpu`` mode. Verdict: heat for sustained clocks, and a spin long enough for
+    every enqueued call.
     """
     host = [0.0]
     for _ in range(warmup):

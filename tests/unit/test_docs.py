@@ -270,3 +270,14 @@ def test_long_modules_say_why_they_stay_one_file(texts: dict[str, str]) -> None:
         f"modules over {LONG_MODULE_LINES} lines without a reason in their docstring "
         f"('{ONE_FILE} ...' at its end: why it stays one file), or split them:\n" + "\n".join(bad)
     )
+
+
+def test_no_dated_measurements_in_python_sources(texts: dict[str, str]) -> None:
+    """The package, the benchmarks, the examples and the scripts keep no dated record either:
+    docstrings and comments say what a knob does and why; the numbers live in the log."""
+    date = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+    roots = ("overlap/", "benchmarks/", "examples/", "scripts/")
+    found = sorted(
+        n for n, t in texts.items() if n.endswith(".py") and n.startswith(roots) and date.search(t)
+    )
+    assert not found, f"dated records in Python sources (move them to the log): {found}"
