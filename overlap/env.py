@@ -21,7 +21,6 @@ from overlap.errors import ConfigError
 
 __all__ = [
     "ENV_VARS",
-    "MAX_TIMEOUT_S",
     "EnvVar",
     "Scope",
     "Settings",
@@ -133,10 +132,28 @@ def _parse_positive_float(name: str, raw: str) -> float:
     return value
 
 
-# The longest deadline of a wait, in seconds (about 11.6 days); mirrors
-# SymmetricBuffer::kMaxTimeoutS in csrc/comm/symmetric_buffer.h. Deadlines are points of a
-# clock counting int64 nanoseconds: an infinite or huge timeout would overflow it.
-MAX_TIMEOUT_S = 1e6
+def _core_limit(module: str, name: str) -> Any:
+    """A limit the C++ core defines (NOTE [overlap defaults]), read from the extension itself
+    (not through ``overlap._native``, which imports this module)."""
+    from overlap import _C
+
+    return getattr(getattr(_C, module), name)
+
+
+def __getattr__(name: str) -> Any:
+    """The core's limits as module attributes (PEP 562), read when first used:
+
+    * ``MAX_TIMEOUT_S``: the longest deadline of a wait, in seconds (1e6, about 11.6 days;
+      ``SymmetricBuffer::kMaxTimeoutS``): deadlines are points of a clock counting int64
+      nanoseconds, which an infinite or huge timeout would overflow;
+    * ``GEMM_AUTOTUNE_MAX``: the most cuBLASLt candidates ``OVERLAP_GEMM_AUTOTUNE`` may ask
+      for (``gemm::kMaxAutotuneCandidates``).
+    """
+    if name == "MAX_TIMEOUT_S":
+        return float(_core_limit("comm", "max_timeout_s"))
+    if name == "GEMM_AUTOTUNE_MAX":
+        return int(_core_limit("gemm", "MAX_AUTOTUNE_CANDIDATES"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_timeout_s(value: object, what: str = "timeout_s") -> float:
@@ -149,9 +166,10 @@ def check_timeout_s(value: object, what: str = "timeout_s") -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigError(f"{what} must be a number of seconds, got {value!r}")
     seconds = float(value)
-    if not 0 < seconds <= MAX_TIMEOUT_S:
+    limit = __getattr__("MAX_TIMEOUT_S")
+    if not 0 < seconds <= limit:
         raise ConfigError(
-            f"{what} must be > 0 and <= {MAX_TIMEOUT_S:g} s (finite; there is no unbounded "
+            f"{what} must be > 0 and <= {limit:g} s (finite; there is no unbounded "
             f"deadline), got {value!r}"
         )
     return seconds
@@ -167,9 +185,6 @@ def _parse_timeout(name: str, raw: str) -> float:
     return check_timeout_s(value, f"{name}={raw!r}")
 
 
-GEMM_AUTOTUNE_MAX = 64  # mirrors kMaxAutotuneCandidates in csrc/gemm/gemm.h
-
-
 def _parse_autotune(name: str, raw: str) -> int:
     try:
         value = int(raw.strip())
@@ -178,8 +193,9 @@ def _parse_autotune(name: str, raw: str) -> int:
             f"{name}={raw!r} is not an integer; give the number of cuBLASLt candidates to time "
             "(e.g. 8), or 0 to turn GEMM autotuning off"
         ) from None
-    if not 0 <= value <= GEMM_AUTOTUNE_MAX:
-        raise ConfigError(f"{name}={raw!r} must be in [0, {GEMM_AUTOTUNE_MAX}] (0 = off)")
+    most = __getattr__("GEMM_AUTOTUNE_MAX")
+    if not 0 <= value <= most:
+        raise ConfigError(f"{name}={raw!r} must be in [0, {most}] (0 = off)")
     return value
 
 

@@ -63,13 +63,8 @@ KNOBS = frozenset(
 )
 # Constants that hold a bound, a default or an alignment.
 LIMIT_NAME = re.compile(r"(^|_)(MAX|MIN|DEFAULT)(_|$)|ALIGNMENT$")
-# Restated limits in files that another change owns, with the reason: THIS LIST MUST SHRINK TO
-# EMPTY. overlap/env.py parses OVERLAP_* before the extension is loaded (the core's
-# kMaxTimeoutS and kMaxAutotuneCandidates, read there without it).
-KNOWN = {
-    ("overlap/env.py", "MAX_TIMEOUT_S"),
-    ("overlap/env.py", "GEMM_AUTOTUNE_MAX"),
-}
+# Restated limits with the reason each may stay: empty, and it must stay so.
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _literal(node: ast.expr | None) -> bool:
