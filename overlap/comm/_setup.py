@@ -77,14 +77,14 @@ _settle_registered: list[bool] = []  # one entry once the exit handler is regist
 
 
 def _settle_at_exit() -> None:
-    """NOTE [settle at exit]: a ``torch.distributed`` collective run on a helper thread leaves
-    gloo's worker threads a last release of Python objects that may come only when the
-    process group is destroyed, just before the interpreter exits; a worker that needs the
-    GIL once finalization has begun ends the process with ``std::terminate`` (seen in about a
-    third of the runs of a two-rank job on the host transport that called
-    ``dist.destroy_process_group()`` last). An exit handler gives those threads the GIL for a
-    moment first. Verdict: 50 ms at exit, registered once, only after a set-up exchange ran on a
-    helper thread."""
+    """NOTE [settle at exit]: since the set-up exchanges run on helper threads, a two-rank job
+    on the host transport that ends with ``dist.destroy_process_group()`` died at exit with
+    ``std::terminate`` in about a third of the runs: one of gloo's worker threads releases a
+    last reference to a Python object after the interpreter has begun to finalize, and a
+    thread that asks for the GIL then is ended mid-unwind. Which object gloo releases late is
+    not known; a sleep between the destroy and the exit made every run pass. So an exit
+    handler gives those threads the GIL for a moment before finalization. Verdict: 50 ms at
+    exit, registered once, only after a set-up exchange ran on a helper thread."""
     with _settling:
         if _settle_registered:
             return
