@@ -120,13 +120,17 @@ ENV_VARS: tuple[EnvVar, ...] = (
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-def _parse_positive_float(name: str, raw: str) -> float:
+def _parse_seconds(name: str, raw: str) -> float:
     try:
-        value = float(raw)
+        return float(raw)
     except ValueError:
         raise ConfigError(
             f"{name}={raw!r} is not a number; unset it or give seconds, e.g. 60"
         ) from None
+
+
+def _parse_positive_float(name: str, raw: str) -> float:
+    value = _parse_seconds(name, raw)
     if not value > 0:
         raise ConfigError(f"{name}={raw!r} must be > 0")
     return value
@@ -176,13 +180,7 @@ def check_timeout_s(value: object, what: str = "timeout_s") -> float:
 
 
 def _parse_timeout(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(
-            f"{name}={raw!r} is not a number; unset it or give seconds, e.g. 60"
-        ) from None
-    return check_timeout_s(value, f"{name}={raw!r}")
+    return check_timeout_s(_parse_seconds(name, raw), f"{name}={raw!r}")
 
 
 def _parse_autotune(name: str, raw: str) -> int:

@@ -34,7 +34,7 @@ void register_comm(py::module_& m) {
       .def_property_readonly("failed", &Transport::failed)
       .def_property_readonly("failure", &Transport::failure)
       // NOTE [abort] in comm/fault.h: atomics only, so the GIL stays (nothing blocks).
-      .def("abort", &Transport::abort)
+      .def("abort", &Transport::request_abort)
       .def(
           "fail",
           [](Transport& t, const std::string& kind, const std::string& message) {

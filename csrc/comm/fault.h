@@ -1,9 +1,10 @@
-// NOTE [abort]: Transport::abort() (Communicator.abort()) ends every wait of the communicator on
-// this rank, host or GPU, like ncclCommAbort. It only stores atomics (a signal handler may call
-// it); whoever looks does the rest: a host wait throws kAborted on its next spin, the watchdog
-// releases the GPU waits at its next poll, and the first looker records the fault (NOTE [failed
-// transport]) and poisons our flags in the peers' regions (NOTE [poisoned flags]). Verdict:
-// atomics in abort(), the work in whoever waits (tests/unit/test_comm_abort.py: 100 ms bound).
+// NOTE [abort]: Transport::request_abort() (Python: Communicator.abort) ends every wait of the
+// communicator on this rank, host or GPU, like ncclCommAbort. It only stores atomics (a signal
+// handler may call it); whoever looks does the rest: a host wait throws kAborted on its next spin,
+// the watchdog releases the GPU waits at its next poll, and the first looker records the fault
+// (NOTE [failed transport]) and poisons our flags in the peers' regions (NOTE [poisoned flags]).
+// Verdict: atomics in request_abort(), the work in whoever waits (tests/unit/test_comm_abort.py:
+// 100 ms bound).
 //
 // NOTE [poisoned flags]: a failed rank never signals again, yet on cuda its released ops still
 // run, so a late peer could complete an op with missing data. So it sets kPoisonBit (below 2^63,

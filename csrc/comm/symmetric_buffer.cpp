@@ -130,10 +130,11 @@ void SymmetricBuffer::destroy() {
   std::unique_lock<std::mutex> lock(use_mu_);
   const bool mine =
       std::find(users_.begin(), users_.end(), std::this_thread::get_id()) != users_.end();
-  OVERLAP_CHECK(!mine, kState,
-                "destroy() of a symmetric buffer from inside an op on the same buffer and thread "
-                "(e.g. a signal handler run while the op waited) would wait for itself; call "
-                "Communicator.abort() there instead, and destroy once the op has raised");
+  OVERLAP_CHECK(
+      !mine, kState,
+      "destroy() of a symmetric buffer from inside an op on the same buffer and thread "
+      "(e.g. a signal handler run while the op waited) would wait for itself; call "
+      "the communicator's abort method there instead, and destroy once the op has raised");
   if (closing_) {  // another thread destroys it: wait until it has
     use_cv_.wait(lock, [this] { return state_.load() == State::kDestroyed; });
     return;

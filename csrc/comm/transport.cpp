@@ -77,7 +77,7 @@ void Transport::fail(ErrorKind kind, const std::string& message) noexcept {
   record_fault(kind, message);
 }
 
-void Transport::abort() noexcept {
+void Transport::request_abort() noexcept {
   abort_requested_.store(true, std::memory_order_release);
   on_abort();
 }
@@ -127,7 +127,7 @@ void Transport::raise_interrupted(const WaitContext& ctx) {
       << ctx.step << " (epoch " << ctx.epoch << ") was " << interrupted_message();
   const std::string what = oss.str();
   fail(ErrorKind::kAborted, what);
-  abort();
+  request_abort();
   throw Error(ErrorKind::kAborted, what);
 }
 

@@ -171,8 +171,8 @@ class Transport {
   // NOTE [failed transport]: the first fault wins. Thread-safe, never throws.
   void fail(ErrorKind kind, const std::string& message) noexcept;
   // NOTE [abort]: only stores atomics (callable from a signal handler).
-  void abort() noexcept;
-  // Whether waits must stop: the transport failed or abort() was called (lock-free).
+  void request_abort() noexcept;
+  // Whether waits must stop: the transport failed or request_abort() was called (lock-free).
   bool stopping() const noexcept {
     return failed_fast_.load(std::memory_order_acquire) ||
            abort_requested_.load(std::memory_order_acquire);
@@ -201,7 +201,7 @@ class Transport {
   virtual void poll_async_faults() const {}
   // Called once after the first fault poisoned the outgoing flags. Must not throw.
   virtual void on_failed() const noexcept {}
-  // Called by abort(); must only store atomics (NOTE [abort]).
+  // Called by request_abort(); must only store atomics (NOTE [abort]).
   virtual void on_abort() noexcept {}
   void record_fault(ErrorKind kind, const std::string& message) const noexcept;
   // For the cuda watchdog's re-poisoning.

@@ -341,7 +341,7 @@ class CudaTransport final : public Transport {
         next_check = now + kInterruptPeriod;
         if (interrupt_requested()) {
           fail(ErrorKind::kAborted, "synchronize() " + interrupted_message());
-          abort();
+          request_abort();
           break;
         }
       }
