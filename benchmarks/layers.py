@@ -25,6 +25,7 @@ shapes: a smoke run of the code path, not a measurement. JSON (``layers.json``) 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -73,19 +74,22 @@ def _input(module: str, dims: tuple[int, ...], tokens: int, tp: int, device: Any
 
 
 def _time_steps(
-    layer: Any, x: Any, *, fp8: bool, iters: int, warmup: int, cuda: bool
+    layer: Any, x: Any, *, fp8: bool, iters: int, warmup: int, cuda: bool, graph: bool = False
 ) -> StepTiming:
     """Median ms of forward + backward (a fixed output gradient), of the host's time to issue
-    it, and the SM clock, steps back to back (NOTE [step timing] in benchmarks/common.py)."""
+    it, and the SM clock, steps back to back (NOTE [step timing] in benchmarks/common.py);
+    ``graph``: replayed as CUDA graphs (NOTE [graphed layers] in overlap/layers/graphs.py)."""
     import torch
 
     from benchmarks.common import time_training_steps
-    from overlap.layers import Fp8Recipe, fp8_autocast
+    from overlap.layers import Fp8Recipe, fp8_autocast, make_graphed_callables
 
     x = x.detach().requires_grad_()
     recipe = Fp8Recipe() if fp8 else None
     with fp8_autocast(recipe, enabled=fp8):
         gy = torch.randn_like(layer(x)).detach()
+    if graph:
+        make_graphed_callables(layer, (x,), fp8_recipe=recipe)
 
     def step() -> None:
         with fp8_autocast(recipe, enabled=fp8):
@@ -144,21 +148,27 @@ def run(args: argparse.Namespace) -> None:
                         "dtype": dtype, "ub_bytes": ub.total_bytes,
                     }  # fmt: skip
                     x = _input(module, dims, tokens, tp, device)
-                    for name, handle in (("none", None), ("ub", ub)):
+                    columns = [("none", None, False), ("ub", ub, False)]
+                    if args.graph and cuda:
+                        columns += [("none_graph", None, True), ("ub_graph", ub, True)]
+                    for name, handle, graph in columns:
                         torch.manual_seed(0)
                         layer = _build(module, dims, handle, dist.group.WORLD, device)
                         if cuda:
                             torch.cuda.synchronize()
                             torch.cuda.reset_peak_memory_stats()
                         timing = _time_steps(
-                            layer, x, fp8=fp8, iters=args.iters, warmup=args.warmup, cuda=cuda
-                        )
+                            layer, x, fp8=fp8, iters=args.iters, warmup=args.warmup, cuda=cuda,
+                            graph=graph,
+                        )  # fmt: skip
                         row[f"ms_{name}"] = max_over_ranks(timing.ms)
                         row[f"host_ms_{name}"] = max_over_ranks(timing.host_ms)
                         row[f"sm_mhz_{name}"] = min_clock(timing.sm_mhz)
                         row[f"peak_mb_{name}"] = max_over_ranks(_peak(cuda) / 2**20)
                         del layer
                     row["speedup"] = row["ms_none"] / row["ms_ub"]
+                    if "ms_ub_graph" in row:
+                        row["speedup_graph"] = row["ms_none_graph"] / row["ms_ub_graph"]
                     row["tokens_per_s_ub"] = tokens / row["ms_ub"] * 1e3
                     rows.append(row)
                     if rank == 0:
@@ -170,6 +180,7 @@ def run(args: argparse.Namespace) -> None:
                             f"x{row['speedup']:.3f} (ETA {eta:.0f} s)",
                             flush=True,
                         )
+                gc.collect()  # free graphed layers (--graph) before the buffers their graphs use
                 ub.destroy()
     if rank == 0:
         _report(rows, args, cuda, tp, time.monotonic() - t_start)
@@ -194,6 +205,11 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
         ("peak_mb_none", "peak MiB None"), ("peak_mb_ub", "peak MiB ub"),
         ("ub_bytes", "ub bytes/rank"),
     ]  # fmt: skip
+    if args.graph:
+        columns[8:8] = [
+            ("ms_none_graph", "None graphed"), ("ms_ub_graph", "ub graphed"),
+            ("speedup_graph", "graphed speed-up"), ("host_ms_ub_graph", "host ms ub graphed"),
+        ]  # fmt: skip
     header = (
         f"tensor-parallel layers, forward + backward, {device_name} x {tp}, median of "
         f"{args.iters} steps, max over ranks"
@@ -232,6 +248,9 @@ DEFINITIONS = {
     "peak_mb_*": "torch.cuda.max_memory_allocated over the timed steps (userbuffers are not "
     "counted: ub_bytes)",
     "ub_bytes": "bytes of symmetric memory per rank of the handle (Userbuffers.total_bytes)",
+    "ms_*_graph": "--graph: the same step with the module's forward and backward replayed as "
+    "CUDA graphs (overlap.layers.make_graphed_callables)",
+    "speedup_graph": "ms_none_graph / ms_ub_graph",
 }
 
 
@@ -240,7 +259,7 @@ def summarize(rows: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
     speedups = sorted(r["speedup"] for r in rows)
     if not speedups:
         return {"rows": 0}
-    return {
+    out = {
         "rows": len(rows),
         "median_speedup": statistics.median(speedups),
         "min_speedup": speedups[0],
@@ -248,6 +267,12 @@ def summarize(rows: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
         "at_target": sum(s >= TARGET_SPEEDUP for s in speedups) if cuda else None,
         "target": TARGET_SPEEDUP,
     }
+    graphed = sorted(r["speedup_graph"] for r in rows if r.get("speedup_graph") is not None)
+    if graphed:
+        out["median_speedup_graph"] = statistics.median(graphed)
+        out["min_speedup_graph"] = graphed[0]
+        out["at_target_graph"] = sum(s >= TARGET_SPEEDUP for s in graphed) if cuda else None
+    return out
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -260,7 +285,14 @@ def summary_line(summary: dict[str, Any]) -> str:
     )
     if summary.get("at_target") is None:
         return line + " (host transport: timed, not measured against the target)"
-    return line + f"; {summary['at_target']}/{summary['rows']} rows >= {summary['target']}x"
+    line += f"; {summary['at_target']}/{summary['rows']} rows >= {summary['target']}x"
+    if "median_speedup_graph" in summary:
+        line += (
+            f"; graphed: median {summary['median_speedup_graph']:.3f}, worst "
+            f"{summary['min_speedup_graph']:.3f}, {summary['at_target_graph']}/{summary['rows']}"
+            f" rows >= {summary['target']}x"
+        )
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modules", default=",".join(MODULES), help=f"of {MODULES}")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--graph", action="store_true",
+        help="GPUs: also each module with its forward and backward replayed as CUDA graphs "
+        "(overlap.layers.make_graphed_callables), with userbuffers and with ub=None",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.launch:
         return launch_workers(

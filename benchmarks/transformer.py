@@ -45,6 +45,7 @@ shapes, ours and ``torch eager`` only, a smoke run. Outputs ``transformer.json``
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -196,12 +197,14 @@ def profile_host(step: Callable[[], None], steps: int = 5) -> str:
     return out.getvalue()
 
 
-def _ours_step(dims, tokens, seq, ub, fp8, device, group=None) -> Callable[[], None]:  # noqa: PLR0917
-    """One forward + backward of our layer (the weights' gradients dropped after it)."""
+def _ours_step(dims, tokens, seq, ub, fp8, device, group=None, graph=False) -> Callable[[], None]:  # noqa: PLR0917
+    """One forward + backward of our layer (the weights' gradients dropped after it);
+    ``graph``: the layer's forward and backward replayed as CUDA graphs (NOTE [graphed
+    layers] in overlap/layers/graphs.py)."""
     import torch
     import torch.distributed as dist
 
-    from overlap.layers import Fp8Recipe, TransformerLayer, fp8_autocast
+    from overlap.layers import Fp8Recipe, TransformerLayer, fp8_autocast, make_graphed_callables
 
     hidden, ffn, heads, groups, d = dims
     tp = dist.get_world_size(group)
@@ -214,6 +217,8 @@ def _ours_step(dims, tokens, seq, ub, fp8, device, group=None) -> Callable[[], N
     x.requires_grad_()
     recipe = Fp8Recipe() if fp8 else None
     gy = torch.randn_like(x)
+    if graph:
+        make_graphed_callables(layer, (x,), fp8_recipe=recipe)
 
     def step() -> None:
         with fp8_autocast(recipe, enabled=fp8):
@@ -226,8 +231,8 @@ def _ours_step(dims, tokens, seq, ub, fp8, device, group=None) -> Callable[[], N
     return step
 
 
-def _ours(dims, tokens, seq, ub, fp8, device, args, group=None) -> StepTiming:  # noqa: PLR0917
-    step = _ours_step(dims, tokens, seq, ub, fp8, device, group)
+def _ours(dims, tokens, seq, ub, fp8, device, args, group=None, graph=False) -> StepTiming:  # noqa: PLR0917
+    step = _ours_step(dims, tokens, seq, ub, fp8, device, group, graph)
     return time_steps(step, iters=args.iters, warmup=args.warmup, cuda=device.type == "cuda")
 
 
@@ -348,6 +353,18 @@ def run(args: argparse.Namespace) -> None:
                     "ours": partial(_ours, dims, tokens, seq, ub, fp8, device, args),
                     "none": partial(_ours, dims, tokens, seq, None, fp8, device, args),
                     "floor": partial(_ours, local, tokens, seq, None, fp8, device, args, alone),
+                    **(
+                        {
+                            "ours_graph": partial(
+                                _ours, dims, tokens, seq, ub, fp8, device, args, graph=True
+                            ),
+                            "none_graph": partial(
+                                _ours, dims, tokens, seq, None, fp8, device, args, graph=True
+                            ),
+                        }
+                        if args.graph and cuda
+                        else {}
+                    ),
                     **{
                         f"torch_{mode}": partial(_torch, dims, tokens, seq, mode, device, args)
                         for mode in ("eager", "compile", "async_tp")
@@ -395,12 +412,15 @@ def run(args: argparse.Namespace) -> None:
                     })  # fmt: skip
                     row["trace"] = {k: v for k, v in traced.items() if k != "file"}
                     row["trace_file"] = traced["file"]
+                gc.collect()  # free graphed layers (--graph) before the buffers their graphs use
                 ub.destroy()
                 reasons["te"] = te_reason or ""
                 row["na"] = reasons
                 if "ms_ours" in row and "ms_none" in row:
                     row["speedup"] = row["ms_none"] / row["ms_ours"]
                     row["tokens_per_s"] = tokens / row["ms_ours"] * 1e3
+                if "ms_ours_graph" in row and "ms_none_graph" in row:
+                    row["speedup_graph"] = row["ms_none_graph"] / row["ms_ours_graph"]
                 if "ms_floor" in row:
                     for col in ("ours", "none"):
                         if f"ms_{col}" in row:
@@ -439,6 +459,20 @@ def summarize(rows: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
         "target": TARGET_SPEEDUP,
         "faster_than_peers": sum(p > 1.0 for p in peers) if cuda else None,
         "rows_with_peers": len(peers),
+        **_graph_summary(rows, cuda),
+    }
+
+
+def _graph_summary(rows: list[dict[str, Any]], cuda: bool) -> dict[str, Any]:
+    """The graphed columns' speed-up over graphed ub=None (``--graph``)."""
+    ups = sorted(r["speedup_graph"] for r in rows if r.get("speedup_graph") is not None)
+    if not ups:
+        return {}
+    return {
+        "median_speedup_graph": statistics.median(ups),
+        "min_speedup_graph": ups[0],
+        "at_target_graph": sum(u >= TARGET_SPEEDUP for u in ups) if cuda else None,
+        "rows_graph": len(ups),
     }
 
 
@@ -451,10 +485,17 @@ def summary_line(s: dict[str, Any]) -> str:
     )
     if s.get("at_target") is None:
         return line + " (host transport: timed, not measured against the targets)"
-    return (
-        line + f"; {s['at_target']}/{s['rows']} rows >= {s['target']}x; faster than the "
+    line += (
+        f"; {s['at_target']}/{s['rows']} rows >= {s['target']}x; faster than the "
         f"fastest peer measured on {s['faster_than_peers']}/{s['rows_with_peers']} rows"
     )
+    if "median_speedup_graph" in s:
+        line += (
+            f"; graphed over graphed ub=None: median {s['median_speedup_graph']:.3f}, worst "
+            f"{s['min_speedup_graph']:.3f}, {s['at_target_graph']}/{s['rows_graph']} rows >= "
+            f"{s['target']}x"
+        )
+    return line
 
 
 def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp: int,
@@ -476,6 +517,12 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
         ("sm_mhz_ours", "MHz ours"), ("sm_mhz_none", "MHz None"), ("sm_mhz_floor", "MHz floor"),
         ("tokens_per_s", "tokens/s"), ("peak_mb_ours", "peak MiB"), ("ub_bytes", "ub bytes"),
     ]  # fmt: skip
+    if args.graph:  # after the step columns: graphed ours, graphed ub=None, their ratio
+        columns[11:11] = [
+            ("ms_ours_graph", "ours graphed"), ("ms_none_graph", "None graphed"),
+            ("speedup_graph", "graphed vs None graphed"),
+            ("host_ms_ours_graph", "host ms graphed"),
+        ]  # fmt: skip
     header = (
         f"one transformer layer, forward + backward, {device_name} x {tp} (TP {tp}), ms: median "
         f"of {args.iters} steps, max over ranks"
@@ -523,6 +570,12 @@ def main(argv: list[str] | None = None) -> int:
         help="GPUs: after each row, one step of ours, ub=None and the floor under torch.profiler, "
         "every rank on one axis, with rank 0's GPU time by stream and kernel: "
         "OUT/traces/<row>.txt",
+    )  # fmt: skip
+    parser.add_argument(
+        "--graph", action="store_true",
+        help="GPUs: two more columns, ours and ub=None with the layer's forward and backward "
+        "replayed as CUDA graphs (overlap.layers.make_graphed_callables): the step without "
+        "Python's host time",
     )  # fmt: skip
     parser.add_argument(
         "--host-profile", action="store_true",
