@@ -371,6 +371,9 @@ def run(args: argparse.Namespace) -> None:
                     },
                 }
                 for col, fn in runs.items():
+                    if args.columns and col not in args.columns.split(","):
+                        reasons[col] = "not asked for (--columns)"
+                        continue
                     if col.startswith("torch") and fp8:
                         reasons[col] = _torch_fp8_unavailable()
                         continue
@@ -570,6 +573,11 @@ def main(argv: list[str] | None = None) -> int:
         help="GPUs: after each row, one step of ours, ub=None and the floor under torch.profiler, "
         "every rank on one axis, with rank 0's GPU time by stream and kernel: "
         "OUT/traces/<row>.txt",
+    )  # fmt: skip
+    parser.add_argument(
+        "--columns", default="",
+        help="comma-separated subset of the columns to time (default: all), of "
+        f"{(*COLUMNS, 'ours_graph', 'none_graph')}",
     )  # fmt: skip
     parser.add_argument(
         "--graph", action="store_true",
