@@ -9,12 +9,15 @@ mpirun::
     mpirun -np 4 python examples/train_gpt.py --tp 2 --fp8    # TP 2 x DP 2, FP8
     mpirun -np 2 python examples/train_gpt.py --no-ub         # no overlap (NCCL / gloo)
     mpirun -np 2 python examples/train_gpt.py --compare       # also train it on one process
+    mpirun -np 4 python examples/train_gpt.py --cuda-graph    # layers replayed as CUDA graphs
 
 (as root add ``--allow-run-as-root``, and ``--oversubscribe`` for more ranks than cores). Rank
 0 prints the loss, tokens/s and, on GPUs, the model FLOPs utilisation of every step.
 ``--compare`` trains the same model (the same initial weights, the same batches) as plain
 single-process torch on every rank beside it and prints both losses and their largest
-relative difference.
+relative difference. ``--cuda-graph`` (GPUs) captures the transformer layers' forward and
+backward as CUDA graphs once (:func:`overlap.layers.make_graphed_callables`) and replays them
+every step: the host no longer issues each layer's kernels from Python.
 
 The data is learnable: each sequence counts up from a random token (modulo the vocabulary),
 so the next token is the current one plus one and the loss falls quickly. Replicated
@@ -40,6 +43,7 @@ from overlap.layers import (
     TransformerLayer,
     all_reduce_grad,
     fp8_autocast,
+    make_graphed_callables,
 )
 from overlap.layers import reference as ref
 
@@ -171,9 +175,14 @@ def main() -> None:
     p.add_argument("--fp8", action="store_true", help="FP8 GEMMs (current scaling)")
     p.add_argument("--no-ub", action="store_true", help="no overlap: plain collectives")
     p.add_argument("--compare", action="store_true", help="also train it on one process")
+    p.add_argument(
+        "--cuda-graph", action="store_true", help="GPUs: replay the layers as CUDA graphs"
+    )
     args = p.parse_args()
 
     cuda = torch.cuda.is_available()
+    if args.cuda_graph and not cuda:
+        p.error("--cuda-graph needs GPUs (CUDA graphs)")
     launch = init_torch_distributed("nccl" if cuda else "gloo")
     device = torch.device("cuda", launch.local_rank) if cuda else torch.device("cpu")
     args.hidden = args.hidden or (4096 if cuda else 64)
@@ -198,6 +207,15 @@ def main() -> None:
     model = GPT(args, TensorParallelGroup(tp_pg, ub), ub, device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     reference = ReferenceGPT(model, args).to(device) if args.compare else None
+    if args.cuda_graph:  # after ReferenceGPT: it reads the layers' weights eagerly
+        shard = (args.seq // tp_size, args.batch, args.hidden)
+        samples = tuple(
+            (torch.randn(shard, dtype=torch.bfloat16, device=device, requires_grad=True),)
+            for _ in model.layers
+        )
+        make_graphed_callables(
+            tuple(model.layers), samples, fp8_recipe=Fp8Recipe() if args.fp8 else None
+        )
     ref_opt = (
         torch.optim.AdamW(reference.parameters(), lr=args.lr, weight_decay=0.0)
         if reference

@@ -12,7 +12,8 @@
 # tests and benchmark on all local GPUs; ops-bench-full: the whole docs/design.md §6 suite, give it
 # STEP_TIMEOUT_S=900), graphs-cuda (CUDA graphs of comm ops), layers-cuda and layers-bench
 # (the tensor-parallel layers' multi-rank tests and benchmark on all local GPUs;
-# layer-graphs-cuda: the layers replayed as CUDA graphs against eager;
+# layer-graphs-cuda: the layers replayed as CUDA graphs against eager; examples-cuda: the GPT
+# example with graphed layers against one process;
 # LAYERS_BENCH_ARGS adds options, e.g. "--full"), transformer-bench (one transformer layer
 # against the peers; TRANSFORMER_BENCH_ARGS adds options), soak-cuda (10,000 random ops with
 # stalls and a killed rank), abort-cuda (abort() ends a GPU wait), sanitizer
@@ -64,6 +65,7 @@ for s in "${STEPS[@]}"; do
     ops-cuda) step ops ops.log "${PYTEST[@]}" tests/distributed/test_overlap_ops.py -k cuda ;;
     layers-cuda) step layers layers.log "${PYTEST[@]}" tests/distributed/test_layers.py -k cuda ;;
     layer-graphs-cuda) step lgraphs layergraphs.log "${PYTEST[@]}" tests/distributed/test_layer_graphs.py ;;
+    examples-cuda) step examples examples.log "${PYTEST[@]}" tests/distributed/test_examples.py -k graphed ;;
     transformer-bench)
       step transf transformerbench.log "$PY" -m benchmarks.transformer --launch \
         "$(nvidia-smi -L | wc -l)" --cuda --out "$LOG" ${TRANSFORMER_BENCH_ARGS:-} ;;
@@ -91,7 +93,7 @@ done
 echo
 echo "== gpu_check summary =="
 printf '%s\n' "${summary[@]}"
-for f in unit dist buffers quant ops graphs layers layergraphs soak sanitizer setup abort; do
+for f in unit dist buffers quant ops graphs layers layergraphs examples soak sanitizer setup abort; do
   [ -f "$LOG/$f.log" ] && grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG/$f.log" | tail -n 12
 done
 exit 0

@@ -59,3 +59,32 @@ def test_train_gpt_matches_one_process(nprocs: int, flags: list[str]) -> None:
     assert diff is not None and losses, out[-3000:]
     assert float(diff.group(1)) < 0.02, out[-3000:]
     assert min(losses[-3:]) < losses[0], f"the loss did not fall: {losses}"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_train_gpt_with_graphed_layers_matches_one_process(fp8: bool) -> None:
+    """GPUs: the GPT with its layers replayed as CUDA graphs (``--cuda-graph``, one per
+    visible GPU, up to 4) trains like the same model on one process, as the eager one does."""
+    from tests.conftest import gpu_count
+
+    n = min(gpu_count(), 4)
+    if n < 2:
+        pytest.skip(f"needs 2 GPUs, {gpu_count()} visible")
+    mpirun = shutil.which(settings().mpirun)
+    if mpirun is None:
+        pytest.skip("mpirun not found")
+    script = str(REPO_ROOT / "examples" / "train_gpt.py")
+    flags = ["--cuda-graph", "--compare", "--steps", "20", "--hidden", "1024", "--heads", "16", "--seq", "1024"]
+    cmd = mpirun_command(
+        n, [sys.executable, script, *flags, *(["--fp8"] if fp8 else [])],
+        env={"PYTHONPATH": str(REPO_ROOT)}, mpirun=mpirun,
+    )  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, f"{format_command(cmd)}\n{out[-3000:]}"
+    losses = [float(v) for v in re.findall(r"step +\d+: loss ([0-9.]+)", out)]
+    diff = re.search(r"largest relative loss difference to one process: ([0-9.]+)", out)
+    assert diff is not None and len(losses) == 20, out[-3000:]
+    assert float(diff.group(1)) < 0.02, out[-3000:]
+    assert min(losses[-3:]) < losses[0], f"the loss did not fall: {losses}"
