@@ -75,7 +75,18 @@ def test_train_gpt_with_graphed_layers_matches_one_process(fp8: bool) -> None:
     if mpirun is None:
         pytest.skip("mpirun not found")
     script = str(REPO_ROOT / "examples" / "train_gpt.py")
-    flags = ["--cuda-graph", "--compare", "--steps", "20", "--hidden", "1024", "--heads", "16", "--seq", "1024"]
+    flags = [
+        "--cuda-graph",
+        "--compare",
+        "--steps",
+        "20",
+        "--hidden",
+        "1024",
+        "--heads",
+        "16",
+        "--seq",
+        "1024",
+    ]
     cmd = mpirun_command(
         n, [sys.executable, script, *flags, *(["--fp8"] if fp8 else [])],
         env={"PYTHONPATH": str(REPO_ROOT)}, mpirun=mpirun,
