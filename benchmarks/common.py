@@ -655,3 +655,33 @@ def print_paths(json_path: Path, seconds: float, table_path: Path, plot: Path | 
     """The closing lines of a benchmark: where its JSON, table and plot are."""
     print(f"\nJSON: {json_path} ({seconds:.0f} s)\ntable: {table_path}")
     print(f"plot: {plot}" if plot is not None else "plot: none (matplotlib not installed)")
+
+
+def profile_host(step: Callable[[], None], steps: int = 5) -> str:
+    """cProfile of ``steps`` steps after two warm-up steps: where the host's time to issue a
+    step goes (the functions by own time, then by cumulative time). The GPU is synchronized
+    after each step, outside the profile."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    for _ in range(2):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    for _ in range(steps):
+        prof.enable()
+        step()
+        prof.disable()
+        if cuda:
+            torch.cuda.synchronize()
+    out = io.StringIO()
+    out.write(f"host profile of {steps} steps\n")
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumtime").print_stats(60)
+    return out.getvalue()

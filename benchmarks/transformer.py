@@ -167,36 +167,6 @@ def time_steps(step: Callable[[], None], *, iters: int, warmup: int, cuda: bool)
     return time_training_steps(step, iters=iters, warmup=warmup, cuda=cuda)
 
 
-def profile_host(step: Callable[[], None], steps: int = 5) -> str:
-    """cProfile of ``steps`` steps after two warm-up steps: where the host's time to issue a
-    step goes (the functions by own time, then by cumulative time). The GPU is synchronized
-    after each step, outside the profile."""
-    import cProfile
-    import io
-    import pstats
-
-    import torch
-
-    cuda = torch.cuda.is_available()
-    for _ in range(2):
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-    prof = cProfile.Profile()
-    for _ in range(steps):
-        prof.enable()
-        step()
-        prof.disable()
-        if cuda:
-            torch.cuda.synchronize()
-    out = io.StringIO()
-    out.write(f"host profile of {steps} steps\n")
-    stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("tottime").print_stats(40)
-    stats.sort_stats("cumtime").print_stats(60)
-    return out.getvalue()
-
-
 def _ours_step(dims, tokens, seq, ub, fp8, device, group=None, graph=False) -> Callable[[], None]:  # noqa: PLR0917
     """One forward + backward of our layer (the weights' gradients dropped after it);
     ``graph``: the layer's forward and backward replayed as CUDA graphs (NOTE [graphed
@@ -304,7 +274,7 @@ def run(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import overlap
-    from benchmarks.common import StepTiming, max_over_ranks, min_clock
+    from benchmarks.common import StepTiming, max_over_ranks, min_clock, profile_host
     from overlap.launch import init_torch_distributed
 
     cuda = args.cuda
