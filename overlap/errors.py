@@ -19,6 +19,7 @@ __all__ = [
     "CudaError",
     "InvalidArgumentError",
     "OverlapError",
+    "StaleBufferError",
     "StateError",
     "SystemResourceError",
     "UnsupportedHardwareError",
@@ -39,6 +40,13 @@ class InvalidArgumentError(OverlapError, ValueError):
 
 class StateError(OverlapError):
     """An object was used in the wrong lifecycle state (before rendezvous, after destroy...)."""
+
+
+class StaleBufferError(StateError):
+    """A view of a symmetric buffer (a gathered input, a buffer manager's view) was read after
+    another op or write on the buffer (or on another window of its memory) may have overwritten
+    it (NOTE [buffer generation] in :mod:`overlap.comm.communicator`): copy a view before the
+    buffer's next op, or save the local shard and re-gather."""
 
 
 class CommTimeoutError(OverlapError, TimeoutError):

@@ -76,6 +76,7 @@ void register_comm(py::module_& m) {
 
   c.attr("max_buffer_bytes") = SymmetricBuffer::kMaxBytes;
   c.attr("max_timeout_s") = SymmetricBuffer::kMaxTimeoutS;
+  c.attr("window_align") = SymmetricBuffer::kWindowAlign;
 
   py::class_<SymmetricBuffer, std::shared_ptr<SymmetricBuffer>>(c, "SymmetricBuffer")
       .def(
@@ -100,6 +101,12 @@ void register_comm(py::module_& m) {
       .def_property_readonly("size", &SymmetricBuffer::size)
       .def_property_readonly("nbytes", &SymmetricBuffer::bytes)
       .def_property_readonly("allocated_bytes", &SymmetricBuffer::allocated_bytes)
+      .def_static("window", &SymmetricBuffer::window, py::arg("parent"), py::arg("offset"),
+                  py::arg("nbytes"),
+                  "A window over bytes [offset, offset + nbytes) of `parent` (NOTE [buffer "
+                  "windows])")
+      .def_property_readonly("is_window", &SymmetricBuffer::is_window)
+      .def_property_readonly("window_offset", &SymmetricBuffer::window_offset)
       .def_property_readonly("epoch", &SymmetricBuffer::epoch,
                              "The last epoch taken by an op on this buffer (0 before the first)")
       .def_property("timeout_s", &SymmetricBuffer::timeout_s, &SymmetricBuffer::set_timeout_s)

@@ -88,9 +88,10 @@ std::uint64_t begin_op(SymmetricBuffer& buf, OpCode code, std::uint64_t arg, con
   Transport& t = buf.transport();
   t.raise_if_failed();
   t.check_stream(stream);
-  t.order_ops(&buf, stream);  // NOTE [ops on several streams]
+  // Keyed by the root: a window's ops are its root's (NOTE [buffer windows]).
+  t.order_ops(&buf.root(), stream);  // NOTE [ops on several streams]
   const std::uint64_t epoch = buf.next_epoch();
-  t.note_op(buf, epoch, stream);
+  t.note_op(buf.root(), epoch, stream);
   const int r = buf.rank();
   const int n = buf.size();
   const std::uint64_t record = op_record(epoch, code, arg);

@@ -31,6 +31,40 @@ SymmetricBuffer::SymmetricBuffer(std::shared_ptr<Transport> transport, int rank,
   peers_.resize(size);
 }
 
+SymmetricBuffer::SymmetricBuffer(std::shared_ptr<SymmetricBuffer> root, std::size_t offset,
+                                 std::size_t bytes)
+    : transport_(root->transport_),
+      rank_(root->rank_),
+      size_(root->size_),
+      bytes_(bytes),
+      timeout_s_(root->timeout_s_),
+      put_split_(root->put_split_),
+      pull_gather_(root->pull_gather_),
+      serial_puts_(root->serial_puts_),
+      sm_percent_(root->sm_percent_),
+      sm_blocks_(root->sm_blocks_),
+      root_(std::move(root)),
+      offset_(offset) {
+  // Its own lifecycle is over: local_handle/connect/finish_rendezvous refuse a window, and
+  // whether it is usable is its root's state (ready(), destroyed()).
+  state_ = State::kReady;
+}
+
+std::shared_ptr<SymmetricBuffer> SymmetricBuffer::window(
+    const std::shared_ptr<SymmetricBuffer>& parent, std::size_t offset, std::size_t bytes) {
+  OVERLAP_CHECK_ARG(parent != nullptr, "window() needs a buffer");
+  parent->check_ready("window()");
+  OVERLAP_CHECK_ARG(offset % kWindowAlign == 0,
+                    "window offset " << offset << " must be a multiple of " << kWindowAlign);
+  OVERLAP_CHECK_ARG(bytes > 0 && offset <= parent->bytes_ && bytes <= parent->bytes_ - offset,
+                    "window [" << offset << ", " << offset + bytes << ") must be a non-empty "
+                               << "range inside the buffer's " << parent->bytes_ << " bytes");
+  std::shared_ptr<SymmetricBuffer> root = parent->root_ ? parent->root_ : parent;
+  // Not make_shared: the window constructor is private.
+  return std::shared_ptr<SymmetricBuffer>(
+      new SymmetricBuffer(std::move(root), parent->offset_ + offset, bytes));
+}
+
 SymmetricBuffer::~SymmetricBuffer() {
   release();  // no op can be in progress: every op holds a reference to the buffer
 }
@@ -38,7 +72,7 @@ SymmetricBuffer::~SymmetricBuffer() {
 void SymmetricBuffer::set_timeout_s(double timeout_s) {
   OVERLAP_CHECK(timeout_s > 0 && timeout_s <= kMaxTimeoutS, kConfig,
                 "timeout must be > 0 and <= " << kMaxTimeoutS << " s (finite), got " << timeout_s);
-  timeout_s_ = timeout_s;
+  root().timeout_s_ = timeout_s;
 }
 
 void SymmetricBuffer::set_put_split(int split) {
@@ -113,10 +147,12 @@ void SymmetricBuffer::finish_rendezvous() {
   state_ = State::kReady;
 }
 
-SymmetricBuffer::Use::Use(SymmetricBuffer& buf, const char* what) : buf_(buf) {
-  std::lock_guard<std::mutex> lock(buf.use_mu_);
-  OVERLAP_CHECK(!buf.closing_, kState, what << ": the symmetric buffer is destroyed");
-  buf.users_.push_back(std::this_thread::get_id());
+// A window's ops count as its root's (NOTE [buffer windows]): the root's destroy waits for them.
+SymmetricBuffer::Use::Use(SymmetricBuffer& buf, const char* what) : buf_(buf.root()) {
+  SymmetricBuffer& root = buf_;
+  std::lock_guard<std::mutex> lock(root.use_mu_);
+  OVERLAP_CHECK(!root.closing_, kState, what << ": the symmetric buffer is destroyed");
+  root.users_.push_back(std::this_thread::get_id());
 }
 
 SymmetricBuffer::Use::~Use() {
@@ -127,6 +163,7 @@ SymmetricBuffer::Use::~Use() {
 }
 
 void SymmetricBuffer::destroy() {
+  if (root_) return;  // NOTE [buffer windows]: the root owns the memory
   std::unique_lock<std::mutex> lock(use_mu_);
   const bool mine =
       std::find(users_.begin(), users_.end(), std::this_thread::get_id()) != users_.end();
@@ -150,6 +187,10 @@ void SymmetricBuffer::destroy() {
 
 void SymmetricBuffer::release() noexcept {
   if (state_.load() == State::kDestroyed) return;
+  if (root_) {  // NOTE [buffer windows]: nothing of its own to free
+    state_ = State::kDestroyed;
+    return;
+  }
   try {
     // NOTE [destroy while in use]: what the ops queued finishes before the memory goes.
     if (local_ != nullptr) transport_->quiesce();
@@ -175,11 +216,12 @@ void SymmetricBuffer::release() noexcept {
 }
 
 void SymmetricBuffer::check_ready(const char* op) const {
-  if (state_ == State::kReady) return;
+  const State state = root().state_.load();
+  if (state == State::kReady) return;
   OVERLAP_THROW(kState, op << ": the symmetric buffer is "
-                           << (state_ == State::kDestroyed ? "destroyed"
-                                                           : "not connected yet (rendezvous "
-                                                             "incomplete)"));
+                           << (state == State::kDestroyed ? "destroyed"
+                                                          : "not connected yet (rendezvous "
+                                                            "incomplete)"));
 }
 
 void SymmetricBuffer::check_tensor(const TensorRef& t, const char* what) const {
@@ -193,6 +235,10 @@ void SymmetricBuffer::check_tensor(const TensorRef& t, const char* what) const {
 }
 
 void SymmetricBuffer::check_peer(int peer) const {
+  if (root_) {
+    root_->check_peer(peer);
+    return;
+  }
   OVERLAP_CHECK(peer >= 0 && peer < size_, kInvalidArgument,
                 "peer " << peer << " is outside a group of size " << size_);
   OVERLAP_CHECK(peer == rank_ ? local_ != nullptr : peers_[peer] != nullptr, kState,
@@ -200,23 +246,27 @@ void SymmetricBuffer::check_peer(int peer) const {
 }
 
 char* SymmetricBuffer::data(int peer) const {
+  if (root_) return root_->data(peer) + offset_;
   check_peer(peer);
   return static_cast<char*>(peer == rank_ ? local_->data() : peers_[peer]->data());
 }
 
 std::shared_ptr<const void> SymmetricBuffer::keep_alive(int peer) const {
+  if (root_) return root_->keep_alive(peer);
   check_peer(peer);
   if (peer == rank_) return local_;
   return peers_[peer];
 }
 
 std::uint64_t* SymmetricBuffer::flag(int owner, int src, FlagSlot slot) const {
+  if (root_) return root_->flag(owner, src, slot);
   check_peer(owner);
   std::uint64_t* flags = owner == rank_ ? local_->flags() : peers_[owner]->flags();
   return flags + src * kNumSlots + static_cast<int>(slot);
 }
 
 bool SymmetricBuffer::owns_flag(const void* p) const {
+  if (root_) return root_->owns_flag(p);
   const auto* c = static_cast<const char*>(p);
   for (int owner = 0; owner < size_; ++owner) {
     const std::uint64_t* flags = owner == rank_

@@ -12,6 +12,21 @@
 // NOTE [abort]), quiesces the device (drained ops still write to peers) and only then frees.
 // destroy() from inside an op on the same thread (a signal handler) raises kState. Verdict:
 // destroy waits, never frees memory in use.
+//
+// NOTE [buffer windows]: a window is a SymmetricBuffer over bytes [offset, offset + bytes) of
+// another one's regions (its root), made after the root's rendezvous. It shares the root's
+// memory, flags, epochs, acknowledgement state, use count and timeout: an op on a window takes the
+// root's next epoch and acknowledges every earlier op on the root or on any of its windows, so
+// the ops of all windows of one root form one op sequence and buffer reuse (invariant 8) holds
+// across them as it does on one buffer. Its own are its size (what ops check their layouts
+// against), its data offset and its copy settings (put_split, pull_gather, ...). It owns no memory:
+// allocated_bytes() is 0 and destroy() does nothing; the root frees the memory, waiting for the
+// ops on its windows too. What for: ops whose contents must outlive one another's (a bulk
+// all-gather's gathered input, read by the GEMM beside the next bulk reduce-scatter) run on
+// disjoint windows of one allocation, and ops whose contents never outlive their call share
+// bytes, so a layer's userbuffers are one allocation of the largest step's need (NOTE
+// [userbuffer memory] in overlap/ub/handle.py). Verdict: windows share the op sequence, never
+// split it.
 #pragma once
 
 #include <atomic>
@@ -63,6 +78,19 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   SymmetricBuffer(const SymmetricBuffer&) = delete;
   SymmetricBuffer& operator=(const SymmetricBuffer&) = delete;
 
+  // NOTE [buffer windows]: a window of `parent` (a root or a window) over bytes
+  // [offset, offset + bytes) of its range; offset a multiple of kWindowAlign. Throws kState
+  // unless `parent` is ready, kInvalidArgument for a range outside it.
+  static constexpr std::size_t kWindowAlign = 256;
+  static std::shared_ptr<SymmetricBuffer> window(const std::shared_ptr<SymmetricBuffer>& parent,
+                                                 std::size_t offset, std::size_t bytes);
+  bool is_window() const { return root_ != nullptr; }
+  // Byte offset of this buffer's data in its root's regions (0 for a root).
+  std::size_t window_offset() const { return offset_; }
+  // The buffer that owns the memory, flags and epochs (itself unless a window).
+  SymmetricBuffer& root() { return root_ ? *root_ : *this; }
+  const SymmetricBuffer& root() const { return root_ ? *root_ : *this; }
+
   std::string local_handle() const;
   void connect(const std::vector<std::string>& handles);
   void finish_rendezvous();
@@ -82,14 +110,15 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
     SymmetricBuffer& buf_;
   };
 
-  bool ready() const { return state_.load() == State::kReady; }
-  bool destroyed() const { return state_.load() == State::kDestroyed; }
+  bool ready() const { return root().state_.load() == State::kReady; }
+  bool destroyed() const { return root().state_.load() == State::kDestroyed; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::size_t bytes() const { return bytes_; }
-  // LocalRegion::allocated_bytes.
+  // LocalRegion::allocated_bytes; 0 for a window (NOTE [buffer windows]).
   std::size_t allocated_bytes() const { return allocated_bytes_; }
-  double timeout_s() const { return timeout_s_; }
+  // A window's is its root's: one deadline for one op sequence (NOTE [buffer windows]).
+  double timeout_s() const { return root().timeout_s_; }
   // Throws kConfig unless 0 < timeout_s <= kMaxTimeoutS (so NaN and infinity are refused).
   void set_timeout_s(double timeout_s);
   // NOTE [put split]: how many copies (lanes) carry one put to one peer. Verdict: one by
@@ -125,26 +154,29 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   // Throws kInvalidArgument unless `t` is contiguous and where the transport can read it.
   void check_tensor(const TensorRef& t, const char* what) const;
   // The epoch of the next op on this buffer; epochs only grow.
-  std::uint64_t next_epoch() { return ++epoch_; }
+  // A window's are its root's (NOTE [buffer windows]), as is the rest of the op state below.
+  std::uint64_t next_epoch() { return ++root().epoch_; }
   // The last epoch taken so far (0 before the first op).
-  std::uint64_t epoch() const { return epoch_; }
+  std::uint64_t epoch() const { return root().epoch_; }
   // Takes `count` epochs for a graph replay (NOTE [graph capture]); returns the last before.
   std::uint64_t take_epochs(std::uint64_t count) {
-    const std::uint64_t before = epoch_;
-    epoch_ += count;
+    const std::uint64_t before = root().epoch_;
+    root().epoch_ += count;
     return before;
   }
   // Whether `p` is one of this buffer's flags (in any rank's region).
   bool owns_flag(const void* p) const;
   // Whether peers may have read our region in the last op (NOTE [deferred acknowledgements]).
-  bool peers_read_last_op() const { return peers_read_last_op_; }
-  void set_peers_read_last_op(bool read) { peers_read_last_op_ = read; }
+  bool peers_read_last_op() const { return root().peers_read_last_op_; }
+  void set_peers_read_last_op(bool read) { root().peers_read_last_op_ = read; }
   // The last epoch whose acknowledgements begin_op waited for, all at once (0: none yet).
-  std::uint64_t acked_epoch() const { return acked_epoch_; }
-  void set_acked_epoch(std::uint64_t epoch) { acked_epoch_ = epoch; }
+  std::uint64_t acked_epoch() const { return root().acked_epoch_; }
+  void set_acked_epoch(std::uint64_t epoch) { root().acked_epoch_ = epoch; }
 
  private:
   enum class State { kCreated, kConnected, kReady, kDestroyed };
+  // A window (NOTE [buffer windows]); `root` a root, `offset` from its start.
+  SymmetricBuffer(std::shared_ptr<SymmetricBuffer> root, std::size_t offset, std::size_t bytes);
   void check_peer(int peer) const;
   // Frees everything once no op uses the buffer (destroy(), the destructor). Never throws.
   void release() noexcept;
@@ -172,6 +204,8 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   std::uint64_t acked_epoch_ = 0;
   std::shared_ptr<LocalRegion> local_;
   std::vector<std::shared_ptr<PeerMapping>> peers_;  // indexed by rank; null for self
+  std::shared_ptr<SymmetricBuffer> root_;            // NOTE [buffer windows]: null for a root
+  std::size_t offset_ = 0;                           // of a window's data in its root's regions
 };
 
 }  // namespace overlap::comm

@@ -173,6 +173,9 @@ class SymmetricBuffer:
         self._core = core
         self._transport = transport
         self.name = name
+        # NOTE [buffer windows]: the buffer whose memory, epochs and generation this one
+        # shares (itself unless a window).
+        self._root: SymmetricBuffer = self
         self._local_writes = 0  # NOTE [buffer generation]
         self._ranges: tuple[tuple[int, int], ...] | None = None
         # (generation at the end of a graph's capture, generation right after its latest
@@ -188,8 +191,52 @@ class SymmetricBuffer:
     def allocated_bytes(self) -> int:
         """Device memory (host transport: shared memory) this rank holds for its data region:
         :attr:`nbytes`, or more where the transport rounds allocations up (cuda: to a whole
-        number of 2 MiB, NOTE [allocation granularity] in ``csrc/comm/cuda/cuda_memory.h``)."""
+        number of 2 MiB, NOTE [allocation granularity] in ``csrc/comm/cuda/cuda_memory.h``);
+        0 for a window, whose memory is its root's."""
         return int(self._core.allocated_bytes)
+
+    @property
+    def is_window(self) -> bool:
+        """Whether this is a window of another buffer (:meth:`window`)."""
+        return self._root is not self
+
+    @property
+    def root(self) -> SymmetricBuffer:
+        """The buffer that owns this one's memory: itself, or a window's root."""
+        return self._root
+
+    @property
+    def window_offset(self) -> int:
+        """Byte offset of this buffer's data in its root's regions (0 for a root)."""
+        return int(self._core.window_offset)
+
+    def window(self, offset: int, nbytes: int, name: str = "") -> SymmetricBuffer:
+        """A buffer over bytes ``[offset, offset + nbytes)`` of this one's regions, sharing
+        its memory, op sequence and generation (NOTE [buffer windows] in
+        ``csrc/comm/symmetric_buffer.h``). Ops on a window see a buffer of ``nbytes``; every op
+        on the root or on any of its windows makes every view of any of them stale (one
+        generation), so sharing bytes between windows can never hand out overwritten data.
+        A window owns no memory (:attr:`allocated_bytes` 0, :meth:`destroy` does nothing);
+        destroying its root frees it. Not collective (nothing is exchanged), but every rank
+        must make the same windows for the ops it runs on them.
+
+        Raises:
+            InvalidArgumentError: ``offset`` not a multiple of ``native().comm.window_align``
+                (256), or a range outside this buffer.
+            StateError: this buffer is destroyed.
+        """
+        offset = _as_int(offset, "window offset")
+        nbytes = _as_int(nbytes, "window nbytes")
+        if offset < 0 or nbytes <= 0:
+            raise InvalidArgumentError(
+                f"window [{offset}, {offset + nbytes}) must be a non-empty range at a "
+                "non-negative offset"
+            )
+        core = self._core.window(self._core, offset, nbytes)
+        label = name or f"{self.name}[{offset}:{offset + nbytes}]"
+        win = SymmetricBuffer(core, label, self._transport)
+        win._root = self._root
+        return win
 
     @property
     def rank(self) -> int:
@@ -218,22 +265,23 @@ class SymmetricBuffer:
         """Changes whenever the buffer's contents may have changed: every op (the
         :attr:`epoch`) and every local write announced with :meth:`note_local_write`. A tensor
         read out of the buffer at one generation is valid while the generation is the same."""
-        return self.epoch + self._local_writes
+        return self.epoch + self._root._local_writes
 
     def note_local_write(self) -> None:
         """A write into this rank's region outside an op (a buffer manager staging its shard):
-        views of the buffer made before it are stale."""
-        self._local_writes += 1
+        views of the buffer made before it are stale (of its root and every window too)."""
+        self._root._local_writes += 1
 
     def check_current(self, generation: int, what: str) -> None:
-        """Raise :class:`~overlap.errors.StateError` unless the buffer is live and still at
-        ``generation`` (``what`` names the reader in the message)."""
+        """Raise :class:`~overlap.errors.StateError` unless the buffer is live, and
+        :class:`~overlap.errors.StaleBufferError` unless it is still at ``generation``
+        (``what`` names the reader in the message)."""
         _as_int(generation, "generation")
         if self.destroyed:
             raise errors.StateError(f"{what}: buffer {self.name!r} was destroyed")
         now = self.generation
-        if generation != now and self._replayed != (generation, now):
-            raise errors.StateError(
+        if generation != now and self._root._replayed != (generation, now):
+            raise errors.StaleBufferError(
                 f"{what}: buffer {self.name!r} was overwritten since (generation {generation} "
                 f"-> {now}: another op or write on the buffer, e.g. by another op "
                 "object sharing it). A view of a buffer is valid until its next op: copy it "
@@ -244,15 +292,16 @@ class SymmetricBuffer:
     def replayed_from(self) -> int | None:
         """The capture-end generation of the CUDA graph whose replay is the buffer's latest op,
         or None when an op or a write came after the latest replay (or there was none)."""
-        if self._replayed is not None and self._replayed[1] == self.generation:
-            return self._replayed[0]
+        replayed = self._root._replayed
+        if replayed is not None and replayed[1] == self.generation:
+            return replayed[0]
         return None
 
     def note_replay(self, captured: int) -> None:
         """A CUDA graph whose capture left this buffer at generation ``captured`` was replayed
         (overlap.CudaGraph): the buffer holds what it held then, refreshed, so views read at
         ``captured`` are current until the next op; every other view is stale."""
-        self._replayed = (captured, self.generation)
+        self._root._replayed = (captured, self.generation)
 
     @property
     def address_ranges(self) -> tuple[tuple[int, int], ...]:
@@ -276,7 +325,8 @@ class SymmetricBuffer:
     def timeout_s(self) -> float:
         """Deadline in seconds of every wait of this buffer's ops (the communicator's
         ``timeout_s`` at creation). A wait past it raises
-        :class:`~overlap.errors.CommTimeoutError` and fails the communicator.
+        :class:`~overlap.errors.CommTimeoutError` and fails the communicator. A window's is
+        its root's (setting either sets both: NOTE [buffer windows]).
 
         Raises:
             ConfigError: on assignment of a value outside ``(0, MAX_TIMEOUT_S]``
@@ -495,12 +545,13 @@ class SymmetricBuffer:
         self._core.barrier(stream=self._current_stream())
 
     def destroy(self) -> None:
-        """Unmap the peers and free the local region. Idempotent; not collective."""
+        """Unmap the peers and free the local region. Idempotent; not collective. A window's
+        does nothing (its root owns the memory)."""
         self._core.destroy()
 
     def __del__(self) -> None:
         core = getattr(self, "_core", None)
-        if core is not None and not core.destroyed:
+        if core is not None and not core.is_window and not core.destroyed:
             warnings.warn(
                 f"symmetric buffer {self.name!r} was garbage-collected without destroy(); "
                 "freeing it now",

@@ -149,8 +149,8 @@ class GemmReduceScatter:
         out_dtype: torch.dtype,
         method: RsMethod | str | None = None,
     ) -> int:
-        """Bytes per rank of the buffer an op of these arguments needs (the ring method needs
-        half of what the pipelined one does)."""
+        """Bytes per rank of the buffer an op of these arguments needs (the ring method ``tp``
+        partial slots, the pipelined one ``2 tp - 1``: NOTE [gemm_rs layout])."""
 
         itemsize = partial_dtype(out_dtype).itemsize
         partial_bytes = (int(max_tokens) // tp) * int(out_features) * itemsize

@@ -8,11 +8,45 @@ Every buffer is sized by ``T`` and ``H`` alone (the other GEMM dimension, ``3H /
 are not part of the configuration.
 
 NOTE [ub buffer sharing]: the ops of one kind (all AG+GEMMs, all GEMM+RSs) of a layer run one
-after another, never concurrently, so they share one buffer per (kind, buffer dtype,
-put_split): every AG+GEMM of a bf16 layer runs on one buffer, every GEMM+RS (pipelined or
-ring, sized for the larger need) on another. A gathered input
-(``AllGatherGemm.gathered_input``) is therefore only defined until the next op of any GEMM
-name of that kind; never save it for backward (docs/design.md §3, invariant 2).
+after another, never concurrently, so they share one window per (kind, buffer dtype,
+put_split): every AG+GEMM of a bf16 layer runs on one window, every GEMM+RS (pipelined or
+ring, sized for the larger need) on another. Since NOTE [userbuffer memory] the windows of
+all kinds are windows of ONE symmetric buffer, overlapping wherever their contents never
+outlive one another's. A gathered input (``AllGatherGemm.gathered_input``) is therefore only
+defined until the next op of any GEMM name of the handle; never save it for backward
+(docs/design.md §3, invariant 2). Reading it later raises
+:class:`~overlap.errors.StaleBufferError` (one generation for the buffer and all its windows,
+NOTE [buffer generation]); it never returns another op's data.
+
+NOTE [userbuffer memory]:
+Invariant: the handle holds one symmetric buffer (one allocation per rank) of the largest
+step's need, and every op runs on a window of it (NOTE [buffer windows] in
+``csrc/comm/symmetric_buffer.h``) sized by what that op holds (its layout, ``buffer_bytes``:
+the gathered ``[T, H]`` plus FP8 scale slots; GEMM+RS ``2 tp - 1`` partial slots pipelined,
+``tp`` for the ring; bulk RS ``tp - 1``: no slot for a rank's own rows). Windows of different
+kinds share bytes, except a bulk all-gather's and a bulk reduce-scatter's, which are disjoint.
+Reason: in the layers' schedule (docs/design.md §9.1) every communicating step is one custom
+op that reads what a buffer keeps before the step ends (NOTE [layer custom ops]): column
+forward (AG+GEMM; the gathered input dies with the op), row forward (GEMM+RS), row backward
+(AG+GEMM keeping dY, read by wgrad right after, before any other op) and column backward,
+where the bulk all-gather's gathered input is read by the wgrad GEMM that runs beside the
+bulk reduce-scatter: the one overlap of two kinds' lifetimes. So the buffer needs
+max(bulk AG + bulk RS, GEMM+RS, AG+GEMM). With ``S = T * H * 2`` (a gathered BF16
+activation): BF16 ``max(S + S / 2, S) = 1.5 S`` at TP 2 (ring GEMM+RS) and
+``max(S + 3 S / 4, 7 S / 4) = 1.75 S`` at TP 4 (pipelined); FP8 gathers ``S / 2`` (+ scale
+slots) beside a BF16 reduce-scatter: ``S`` at TP 2, ``1.75 S`` at TP 4 (the pipelined GEMM+RS's
+BF16 partials). All are within ``2 S = 2 * T * H * 2``, against ``4 S`` to ``5 S`` with a
+buffer per kind. Safety: the windows share the root's op sequence, so buffer reuse stays safe
+across kinds (invariant 8); one generation covers the buffer and all its windows, so a view
+kept past any other op raises :class:`~overlap.errors.StaleBufferError` instead of reading
+overwritten bytes; and a bulk op refuses a side GEMM operand inside its own window (NOTE [bulk
+independence]). The cost: every op of the handle now follows every other in one op sequence,
+so an op that only pushes (AG+GEMM) after one whose peers read this rank's region (GEMM+RS)
+waits for every acknowledgement up front (NOTE [deferred acknowledgements]): the two share
+bytes, so that wait is what makes the sharing safe. Nothing is left above the largest step's
+need but 256-byte alignment and the cuda transport's 2 MiB rounding; less would need the
+largest step to hold less (FP8 partial sums on the wire, a GEMM+RS that reduces in place).
+Verdict: one allocation; windows share bytes across kinds except bulk AG / bulk RS.
 
 NOTE [ub environment]: unlike TE's userbuffers, nothing here needs
 ``CUDA_DEVICE_MAX_CONNECTIONS=1``: the all-gathers run on the copy engines and the GEMM+RS
@@ -54,7 +88,7 @@ if TYPE_CHECKING:
 
     UbOp = AllGatherGemm | GemmReduceScatter | AllGatherBesideGemm | ReduceScatterBesideGemm
 
-__all__ = ["Userbuffers", "destroy_ub", "get_ub", "initialize_ub"]
+__all__ = ["Userbuffers", "destroy_ub", "get_ub", "initialize_ub", "plan_buffer"]
 
 
 def _check_tp(config: UbConfig, tp: int) -> None:
@@ -74,14 +108,97 @@ def _check_tp(config: UbConfig, tp: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _BufferUse:
-    """One shared buffer and the GEMM names that run on it."""
+    """One window of the handle's buffer and the GEMM names that run on it."""
 
     kind: OverlapMethod
     dtype: str
-    put_split: int
+    put_split: int | None  # None in a plan: the buffer's default (GEMM+RS windows)
+    offset: int  # of the window in the buffer (NOTE [userbuffer memory])
     nbytes: int
-    allocated: int  # SymmetricBuffer.allocated_bytes: nbytes, or more (cuda rounds to 2 MiB)
     names: tuple[str, ...]
+
+
+# NOTE [userbuffer memory]: the pairs of kinds whose contents outlive one another's ops in the
+# layers' schedule, so that their windows must not share bytes: a bulk all-gather's gathered
+# input is read by the GEMM beside the next bulk reduce-scatter.
+_DISJOINT_KINDS = frozenset({(OverlapMethod.BULK_AG, OverlapMethod.BULK_RS)})
+
+
+def _kind_label(kind: OverlapMethod) -> str:
+    """A window's kind as describe() names it: ``gemm_rs`` for either GEMM+RS method."""
+    return "gemm_rs" if kind in GEMM_RS else kind.value
+
+
+def _round_up(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+def place_windows(
+    needs: Mapping[tuple[OverlapMethod, str, int | None], int], align: int
+) -> tuple[dict[tuple[OverlapMethod, str, int | None], int], int]:
+    """The offset of each window in the handle's one buffer, and the buffer's size.
+
+    ``needs`` maps a window's key (kind, dtype, put_split) to its bytes. Windows start at 0,
+    except that a kind in a :data:`_DISJOINT_KINDS` pair with an earlier kind starts after
+    every window of that kind (``align``-aligned), so the two never share a byte (NOTE
+    [userbuffer memory]); the size is the largest end.
+    """
+    ends: dict[OverlapMethod, int] = {}
+    for (kind, _, _), nbytes in needs.items():
+        ends[kind] = max(ends.get(kind, 0), nbytes)
+    starts: dict[OverlapMethod, int] = {}
+    for kind in ends:
+        after = [k for k in ends if (k, kind) in _DISJOINT_KINDS]
+        starts[kind] = max((_round_up(ends[k], align) for k in after), default=0)
+    offsets = {key: starts[key[0]] for key in needs}
+    size = max((offsets[key] + nbytes for key, nbytes in needs.items()), default=0)
+    return offsets, size
+
+
+def plan_buffer(config: UbConfig, tp: int) -> tuple[list[_BufferUse], int]:
+    """The windows of the handle's one buffer and its size in bytes per rank, for ``config``
+    at TP size ``tp``: what :class:`Userbuffers` allocates (before the transport rounds it
+    up), computed without a communicator (NOTE [userbuffer memory]).
+
+    The GEMM names of one kind (AG+GEMM, GEMM+RS, bulk AG, bulk RS), buffer dtype and
+    ``put_split`` share a window sized for the largest need among them (the op classes'
+    ``buffer_bytes``); :func:`place_windows` places the windows.
+    """
+    import torch
+
+    from overlap._native import native
+
+    gemms = config.for_tp(tp).gemms
+    dtype = getattr(torch, config.dtype)
+    fp8_dtype = getattr(torch, config.fp8_dtype)
+    groups: dict[tuple[OverlapMethod, str, int | None], list[str]] = {}
+    for name, cfg in gemms.items():
+        if not cfg.method.overlapped:
+            continue
+        ag = cfg.method in (OverlapMethod.RING_AG, OverlapMethod.BULK_AG)
+        buf_dtype = fp8_dtype if (ag and cfg.fp8) else dtype
+        split = getattr(cfg, "put_split", None)  # None: a GEMM+RS window keeps its own
+        kind = OverlapMethod.PIPELINE_RS if cfg.method in GEMM_RS else cfg.method
+        groups.setdefault((kind, str(buf_dtype).removeprefix("torch."), split), []).append(name)
+
+    def op_bytes(name: str, buf_dtype: torch.dtype) -> int:
+        cfg = gemms[name]
+        args = (tp, config.tokens, config.hidden, buf_dtype)
+        if cfg.method in GEMM_RS:  # sized for the larger method (NOTE [gemm_rs_ring layout])
+            method = cfg.op_kwargs()["method"]
+            return int(_op_class(cfg.method).buffer_bytes(*args, method=method))
+        return int(_op_class(cfg.method).buffer_bytes(*args))
+
+    needs = {
+        key: max(op_bytes(n, getattr(torch, key[1])) for n in names)
+        for key, names in groups.items()
+    }
+    offsets, size = place_windows(needs, int(native().comm.window_align))
+    windows = [
+        _BufferUse(key[0], key[1], key[2], offsets[key], needs[key], tuple(names))
+        for key, names in groups.items()
+    ]
+    return windows, size
 
 
 class Userbuffers:
@@ -94,7 +211,7 @@ class Userbuffers:
     """
 
     def __init__(self, config: UbConfig, comm: Communicator) -> None:
-        """COLLECTIVE over ``comm``'s group: create the shared buffers and the op objects.
+        """COLLECTIVE over ``comm``'s group: create the buffer, its windows and the op objects.
         Takes ownership of ``comm`` (:meth:`destroy` destroys it)."""
         import torch
 
@@ -109,48 +226,27 @@ class Userbuffers:
         # A config made for any TP size (tp None) gets this group's TP-dependent defaults
         # (NOTE [ub tp 2], NOTE [bulk_rs defaults]); its methods stay as it chose them.
         self._gemms: Mapping[str, MethodConfig] = config.for_tp(self.tp).gemms
-        dtype = getattr(torch, config.dtype)
-        fp8_dtype = getattr(torch, config.fp8_dtype)
         self._ops: dict[str, UbOp] = {}
         self._uses: list[_BufferUse] = []
-        groups: dict[tuple[OverlapMethod, str, int | None], list[str]] = {}
-        for name, cfg in self._gemms.items():
-            if not cfg.method.overlapped:
-                continue
-            ag = cfg.method in (OverlapMethod.RING_AG, OverlapMethod.BULK_AG)
-            buf_dtype = fp8_dtype if (ag and cfg.fp8) else dtype
-            split = getattr(cfg, "put_split", None)  # None: a GEMM+RS buffer keeps its own
-            kind = OverlapMethod.PIPELINE_RS if cfg.method in GEMM_RS else cfg.method
-            key = (kind, str(buf_dtype).removeprefix("torch."), split)
-            groups.setdefault(key, []).append(name)
+        self._buffer: SymmetricBuffer | None = None
         try:
-            for (kind, dtype_name, split), names in groups.items():
-                buf_dtype = getattr(torch, dtype_name)
-                nbytes = max(self._buffer_bytes(name, buf_dtype) for name in names)
-                suffix = "" if split is None else f"_{split}"
-                buffer = comm.create_buffer(nbytes, f"ub_{kind.value}_{dtype_name}{suffix}")
-                if split is not None:
-                    buffer.put_split = split
-                use = _BufferUse(
-                    kind, dtype_name, buffer.put_split, nbytes, buffer.allocated_bytes, tuple(names)
+            windows, size = plan_buffer(config, self.tp)
+            if windows:
+                self._buffer = comm.create_buffer(size, "ub")
+            for w in windows:
+                suffix = "" if w.put_split is None else f"_{w.put_split}"
+                window = self._buffer.window(  # type: ignore[union-attr]
+                    w.offset, w.nbytes, f"ub_{_kind_label(w.kind)}_{w.dtype}{suffix}"
                 )
-                self._uses.append(use)
-                for name in names:
-                    self._ops[name] = self._make_op(name, buffer, buf_dtype)
+                if w.put_split is not None:
+                    window.put_split = w.put_split
+                self._uses.append(dataclasses.replace(w, put_split=window.put_split))
+                for name in w.names:
+                    self._ops[name] = self._make_op(name, window, getattr(torch, w.dtype))
         except BaseException:
             comm.destroy()
             raise
         self._destroyed = False
-
-    def _buffer_bytes(self, name: str, buf_dtype: torch.dtype) -> int:
-        """Bytes the op of ``name`` needs of its buffer (a GEMM+RS buffer is sized for the
-        larger of its methods' needs, NOTE [gemm_rs_ring layout])."""
-        cfg = self._gemms[name]
-        args = (self.tp, self.config.tokens, self.config.hidden, buf_dtype)
-        if cfg.method in GEMM_RS:
-            method = cfg.op_kwargs()["method"]
-            return _op_class(cfg.method).buffer_bytes(*args, method=method)  # type: ignore[call-arg]
-        return _op_class(cfg.method).buffer_bytes(*args)
 
     def _make_op(self, name: str, buffer: SymmetricBuffer, buf_dtype: torch.dtype) -> UbOp:
         cfg = self._gemms[name]
@@ -162,11 +258,26 @@ class Userbuffers:
         return self._destroyed
 
     @property
+    def buffer(self) -> SymmetricBuffer | None:
+        """The one symmetric buffer every op runs on a window of (None when no GEMM is
+        overlapped; NOTE [userbuffer memory])."""
+        return self._buffer
+
+    @property
     def total_bytes(self) -> int:
-        """Bytes of memory this rank holds for its symmetric buffers (the same on every rank):
-        their sizes, each rounded up as the transport allocates it (cuda: to 2 MiB, NOTE
+        """Bytes of memory this rank holds for its symmetric buffer (the same on every rank):
+        its size, rounded up as the transport allocates it (cuda: to 2 MiB, NOTE
         [allocation granularity] in ``csrc/comm/cuda/cuda_memory.h``)."""
-        return sum(u.allocated for u in self._uses)
+        return 0 if self._buffer is None else self._buffer.allocated_bytes
+
+    @property
+    def bound_bytes(self) -> int:
+        """``2 * T * H * itemsize`` of the activations' dtype: what the buffer stays within
+        (NOTE [userbuffer memory]), the reference :meth:`describe` reports it against."""
+        import torch
+
+        itemsize = getattr(torch, self.config.dtype).itemsize
+        return 2 * self.config.tokens * self.config.hidden * itemsize
 
     def is_overlapped(self, name: str) -> bool:
         """Whether ``name`` has an overlap op (False for the ``NONE`` method)."""
@@ -211,18 +322,20 @@ class Userbuffers:
         return self._ops[name]
 
     def describe(self) -> str:
-        """A table of every GEMM name's method, buffer and settings (the per-method config's
-        ``settings``), then the buffers and the total bytes per rank."""
-        buffer_of = {n: i for i, u in enumerate(self._uses) for n in u.names}
+        """A table of every GEMM name's method, window and settings (the per-method config's
+        ``settings``), then the buffer, its windows (byte ranges: windows of different kinds
+        share bytes, NOTE [userbuffer memory]) and the total bytes per rank against
+        ``2 * T * H * itemsize``."""
+        window_of = {n: i for i, u in enumerate(self._uses) for n in u.names}
         lines = [
             f"userbuffers: tp={self.tp} tokens={self.config.tokens} hidden={self.config.hidden} "
             f"dtype={self.config.dtype} transport={self.comm.transport.value}",
-            f"{'gemm':<11} {'method':<12} {'fp8':<5} {'lanes':<5} {'buffer':<14} settings",
+            f"{'gemm':<11} {'method':<12} {'fp8':<5} {'lanes':<5} {'window':<14} settings",
         ]
         for name, cfg in self._gemms.items():
             method = cfg.method.value
-            if name in buffer_of:
-                where = f"#{buffer_of[name]}"
+            if name in window_of:
+                where = f"#{window_of[name]}"
                 lanes = str(getattr(cfg, "compute_lanes", "-"))
                 settings = cfg.settings
             else:
@@ -230,12 +343,21 @@ class Userbuffers:
             lines.append(
                 f"{name:<11} {method:<12} {cfg.fp8!s:<5} {lanes:<5} {where:<14} {settings}"
             )
+        if self._buffer is not None:
+            lines.append(
+                f"buffer: {self._buffer.nbytes} bytes ({self._buffer.allocated_bytes} "
+                "allocated), one per rank; its windows:"
+            )
         for i, u in enumerate(self._uses):
             lines.append(
-                f"buffer #{i}: {u.kind.value} {u.dtype} put_split={u.put_split} "
-                f"{u.nbytes} bytes ({u.allocated} allocated), shared by {', '.join(u.names)}"
+                f"window #{i}: {_kind_label(u.kind)} {u.dtype} put_split={u.put_split} bytes "
+                f"[{u.offset}, {u.offset + u.nbytes}), shared by {', '.join(u.names)}"
             )
-        lines.append(f"total: {self.total_bytes} bytes per rank")
+        bound = self.bound_bytes
+        lines.append(
+            f"total: {self.total_bytes} bytes per rank ({self.total_bytes / bound:.2f} x "
+            f"2*T*H*{bound // (2 * self.config.tokens * self.config.hidden)} = {bound})"
+        )
         return "\n".join(lines)
 
     def destroy(self) -> None:

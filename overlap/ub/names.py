@@ -29,9 +29,10 @@ the dgrad instead reduce-scatters inside the dgrad GEMM; the wgrad then has noth
 reduce-scatter and defaults to ``NONE`` (an explicit ``BULK_RS`` is kept: the op objects are
 generic). proj/fc2 wgrad have no collective (``NONE``): their gathered operand is the one the
 ``RING_AG`` dgrad left in its buffer (it keeps it by default: NOTE [ub gathered inputs]). Bulk
-ops of one kind share a buffer like the others (NOTE [ub buffer sharing] in
+ops of one kind share a window like the others (NOTE [ub buffer sharing] in
 :mod:`overlap.ub.handle`); a bulk all-gather's gathered input is read by the wgrad GEMM beside
-the bulk reduce-scatter, which runs on the other kind's buffer.
+the bulk reduce-scatter, whose window shares no byte with the bulk all-gather's (NOTE
+[userbuffer memory]).
 
 NOTE [ub gathered inputs]: whether a ``RING_AG`` op keeps the whole gathered input in its
 buffer by default. proj/fc2 dgrad do: their wgrad (``NONE``) reads the gathered dY from it

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.layers import summarize, summary_line
+from benchmarks.layers import TINY, summarize, summary_line
 from tests.distributed.launcher import REPO_ROOT
 
 
@@ -26,6 +26,8 @@ def test_layers_benchmark_on_host(tmp_path: Path) -> None:
     }
     for r in rows:
         assert r["ms_ub"] > 0 and r["ms_none"] > 0 and r["ub_bytes"] > 0, r
+        # The one buffer of the handle, within 2 * T * H * 2 (NOTE [userbuffer memory]).
+        assert r["ub_bytes"] <= 2 * r["tokens"] * TINY[0] * 2, r
         assert r["speedup"] == pytest.approx(r["ms_none"] / r["ms_ub"])
     assert result["summary"]["rows"] == 6 and result["summary"]["at_target"] is None
     assert (tmp_path / "layers.txt").read_text().startswith("tensor-parallel layers")
@@ -70,3 +72,18 @@ def test_host_time_benchmark_on_cpu(tmp_path: Path) -> None:
         for d in ("bf16", "fp8")
     }
     assert all(r["host_us"] > 0 for r in rows)
+
+
+@pytest.mark.mpi
+def test_ub_memory_benchmark_on_host() -> None:
+    """benchmarks.ub_memory prints each handle's bytes per rank against 2 * T * H * 2."""
+    cmd = [sys.executable, "-m", "benchmarks.ub_memory", "--launch", "2", "--hidden", "1024",
+           "--tokens", "1024,2048", "--describe"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("tp=2 ")]
+    assert len(rows) == 4, done.stdout[-3000:]
+    # TP 2 (NOTE [userbuffer memory]): BF16 1.5 S, FP8 S, with S = T * H * 2.
+    assert sum("0.75 x 2*T*H*2" in r for r in rows) == 2, rows
+    assert sum("0.50 x 2*T*H*2" in r for r in rows) == 2, rows
+    assert "window #2: bulk_rs" in done.stdout and "total: " in done.stdout

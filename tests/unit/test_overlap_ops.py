@@ -60,7 +60,8 @@ def test_layouts_are_aligned_and_disjoint(tp: int) -> None:
         assert ops.ag_gemm_layout(tp, shard, False) == (0, tp * shard)
         slot, recv, total = ops.gemm_rs_layout(tp, shard)
         assert slot % 256 == 0 and shard <= slot < shard + 256
-        assert recv == tp * slot and total == 2 * recv
+        # No receive slot for this rank's own rows (NOTE [gemm_rs layout]).
+        assert recv == tp * slot and total == recv + (tp - 1) * slot
         # The ring: one send slot, then one receive slot per hop (NOTE [gemm_rs_ring layout]).
         assert ops.gemm_rs_ring_layout(tp, shard) == (slot, slot, tp * slot)
 
@@ -151,7 +152,11 @@ def test_rejections_are_typed_and_leave_the_op_usable(comm: Communicator) -> Non
 
     ring = GemmReduceScatter(comm, 32, 16, torch.bfloat16, method="ring")
     sizes = [GemmReduceScatter.buffer_bytes(1, 32, 16, torch.bfloat16, m) for m in RsMethod]
-    assert ring.buffer.nbytes == sizes[1] < sizes[0]  # the ring needs half the slots
+    # The ring: tp slots; the pipelined method: 2 tp - 1 (the same at one rank).
+    assert ring.buffer.nbytes == sizes[1] <= sizes[0]
+    assert GemmReduceScatter.buffer_bytes(4, 32, 16, torch.bfloat16, "ring") * 7 == (
+        GemmReduceScatter.buffer_bytes(4, 32, 16, torch.bfloat16, "pipelined") * 4
+    )
     with pytest.raises(InvalidArgumentError, match="must be \\[16, 64\\]"):
         ring(x, rand(8, 64))
     ring.ring_subchunks = 5  # past the constructor's check: the core refuses it

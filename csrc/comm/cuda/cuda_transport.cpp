@@ -299,7 +299,8 @@ class CudaTransport final : public Transport {
 
   void note_op(SymmetricBuffer& buf, std::uint64_t epoch, cudaStream_t stream) override {
     if (std::shared_ptr<cuda::GraphLog> log = cuda::graph_log_for(stream)) {
-      log->note_op(buf.shared_from_this(), epoch);
+      // A window's epochs are its root's (NOTE [buffer windows]): one span per root.
+      log->note_op(buf.root().shared_from_this(), epoch);
     }
   }
 

@@ -14,8 +14,13 @@ using detail::round_up;
 BulkRsLayout bulk_rs_layout(int size, std::size_t partial_bytes) {
   BulkRsLayout l;
   l.slot_bytes = round_up(partial_bytes, kSlotAlign);
-  l.bytes = l.slot_bytes * static_cast<std::size_t>(size);
+  // One slot per peer; one at size 1, where nothing is received, since a buffer is never empty.
+  l.bytes = l.slot_bytes * static_cast<std::size_t>(std::max(size - 1, 1));
   return l;
+}
+
+std::size_t bulk_rs_slot(int owner, int sender) {
+  return static_cast<std::size_t>(sender < owner ? sender : sender - 1);
 }
 
 namespace {
@@ -300,7 +305,7 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
     const int first = first_put_lane(buf, i);
     const std::size_t offset = static_cast<std::size_t>(pc.lo(p)) * in_row_bytes;
     const std::size_t bytes = static_cast<std::size_t>(pc.rows(p)) * in_row_bytes;
-    put_to_peer(buf, epoch, peer, buf.data(peer) + r * l.slot_bytes + offset,
+    put_to_peer(buf, epoch, peer, buf.data(peer) + bulk_rs_slot(peer, r) * l.slot_bytes + offset,
                 src + peer * chunk_bytes + offset, bytes, first, /*first_write=*/p == 0, kRsOp,
                 stream);
     announce(buf, peer, epoch + static_cast<std::uint64_t>(p), first, stream);
@@ -322,8 +327,10 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
     const std::size_t offset = static_cast<std::size_t>(pc.lo(p)) * in_row_bytes;
     std::vector<const void*> inputs(n);
     for (int j = 0; j < n; ++j) {
-      inputs[j] = j == r ? static_cast<const void*>(src + r * chunk_bytes + offset)
-                         : static_cast<const void*>(buf.data(r) + j * l.slot_bytes + offset);
+      inputs[j] =
+          j == r
+              ? static_cast<const void*>(src + r * chunk_bytes + offset)
+              : static_cast<const void*>(buf.data(r) + bulk_rs_slot(r, j) * l.slot_bytes + offset);
     }
     o.accumulate_amax = p > 0;
     t.reduce(static_cast<char*>(out.data) + pc.lo(p) * out_row_bytes, inputs.data(), n,

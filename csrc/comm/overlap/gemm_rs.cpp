@@ -17,8 +17,12 @@ GemmRsLayout gemm_rs_layout(int size, std::size_t partial_bytes) {
   GemmRsLayout l;
   l.slot_bytes = round_up(partial_bytes, kSlotAlign);
   l.recv_offset = l.slot_bytes * size;
-  l.bytes = 2 * l.recv_offset;
+  l.bytes = l.recv_offset + l.slot_bytes * static_cast<std::size_t>(size - 1);
   return l;
+}
+
+std::size_t gemm_rs_recv_slot(int rank, int peer) {
+  return static_cast<std::size_t>(peer < rank ? peer : peer - 1);
 }
 
 DType gemm_rs_partial_dtype(DType out) {
@@ -153,8 +157,9 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
     const std::size_t offset = static_cast<std::size_t>(pc.lo(p) * cols) * psize;
     std::vector<const void*> inputs(n);
     for (int j = 0; j < n; ++j) {
-      const char* slot =
-          j == r ? buf.data(r) + r * l.slot_bytes : buf.data(r) + l.recv_offset + j * l.slot_bytes;
+      const char* slot = j == r
+                             ? buf.data(r) + r * l.slot_bytes
+                             : buf.data(r) + l.recv_offset + gemm_rs_recv_slot(r, j) * l.slot_bytes;
       inputs[j] = slot + offset;
     }
     ReduceOutput op = o;
@@ -195,7 +200,7 @@ void gemm_rs(SymmetricBuffer& buf, const gemm::GemmOperand& a, const gemm::GemmO
         const int lane = lanes_c + (i - 1) * split + s;
         const std::size_t begin = offset + std::min(bytes, s * slice);
         t.wait(buf.flag(r, peer, FlagSlot::kData), value, ctx, stream, lane);
-        t.put(buf.data(r) + l.recv_offset + peer * l.slot_bytes + begin,
+        t.put(buf.data(r) + l.recv_offset + gemm_rs_recv_slot(r, peer) * l.slot_bytes + begin,
               buf.data(peer) + r * l.slot_bytes + begin, std::min(offset + bytes - begin, slice),
               stream, lane);
       }

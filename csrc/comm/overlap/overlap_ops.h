@@ -102,13 +102,17 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const gemm:
 // ---- GEMM -> RS ------------------------------------------------------------------------------
 
 // NOTE [gemm_rs layout]: `size` send slots (slot j: our partial sums of rank j's rows), then
-// `size` receive slots (slot j: rank j's partial sums of our rows, pulled), 256-byte aligned.
+// `size - 1` receive slots (slot gemm_rs_recv_slot(rank, j): peer j's partial sums of our rows,
+// pulled), 256-byte aligned. Our own rows' partial sums are summed from their send slot, so no
+// receive slot is kept for them (NOTE [userbuffer memory] in overlap/ub/handle.py).
 struct GemmRsLayout {
   std::size_t slot_bytes = 0;  // one [m, n] partial, rounded up to 256 bytes
   std::size_t recv_offset = 0;
   std::size_t bytes = 0;
 };
 GemmRsLayout gemm_rs_layout(int size, std::size_t partial_bytes);
+// The receive slot of `peer`'s partial sums in `rank`'s region (peer != rank).
+std::size_t gemm_rs_recv_slot(int rank, int peer);
 
 // The dtype partial sums are kept in: the output's, or bfloat16 for an FP8 output.
 DType gemm_rs_partial_dtype(DType out);
@@ -143,13 +147,16 @@ struct GatherShard {
 void all_gather_beside_gemm(SymmetricBuffer& buf, const GatherShard& shard, const SideGemm& gemm,
                             cudaStream_t stream);
 
-// NOTE [bulk_rs layout]: `size` 256-byte aligned slots; slot j receives rank j's partial sums
-// of our rows. Slot `rank` stays unused (our own partial is read from the input).
+// NOTE [bulk_rs layout]: `size - 1` 256-byte aligned slots (one at size 1); slot
+// bulk_rs_slot(rank, j) receives peer j's partial sums of our rows. Our own partial is read
+// from the input, so no slot is kept for it (NOTE [userbuffer memory] in overlap/ub/handle.py).
 struct BulkRsLayout {
   std::size_t slot_bytes = 0;
   std::size_t bytes = 0;
 };
 BulkRsLayout bulk_rs_layout(int size, std::size_t partial_bytes);
+// The slot of `sender`'s partial sums in `owner`'s region (sender != owner).
+std::size_t bulk_rs_slot(int owner, int sender);
 
 // Contiguous [rows, cols] bf16/fp16/fp32, rows a multiple of the group size.
 struct ScatterInput {
@@ -180,7 +187,7 @@ void reduce_scatter_beside_gemm(SymmetricBuffer& buf, const ScatterInput& in,
 
 // NOTE [gemm_rs_ring layout]: `size` 256-byte aligned [m, n] partial slots: slot 0 sends
 // (our first partial), slot 1 + i receives hop i's running sum, to which we add ours in place.
-// No slot is reused within an op: half the pipelined layout.
+// No slot is reused within an op: `size` slots against the pipelined layout's 2 size - 1.
 GemmRsLayout gemm_rs_ring_layout(int size, std::size_t partial_bytes);
 
 // Epochs a gemm_rs_ring takes (NOTE [ring sub-epochs] in gemm_rs_ring.cpp).

@@ -8,8 +8,9 @@ Scenarios:
   switches   every combination of the overlap switches gives the ub=None result (FP32)
   fp8        FP8 current scaling against the same quantization emulated in the reference;
              delayed scaling: one amax history on every rank, results near the reference
-  pipeline   two layers sharing one set of buffers: three forwards, then the three backwards
-             in reverse order (BF16 and FP8), gradients exactly those of one at a time
+  pipeline   two layers sharing one buffer (windows of every kind, NOTE [userbuffer memory]):
+             three forwards, then the three backwards in reverse order (BF16 and FP8),
+             gradients exactly those of one at a time, and (BF16) those of ub=None
   train_eval FP8 cached weights through train -> eval -> train steps; quantizers pickled and
              deep-copied between a forward and its backward
   timeout    a stalled peer surfaces as CommTimeoutError through forward and backward
@@ -487,20 +488,33 @@ def _pipeline(tp: Any, gen: torch.Generator, recipe: Fp8Recipe | None) -> None:
     tokens = 16 * tp.size
     dtype = torch.bfloat16
     ub = make_ub(tp, tokens, dtype, use_fp8=recipe is not None)
-    mlp = KINDS["mlp_swiglu"].build(tp_group=tp.group, ub=ub, params_dtype=dtype, device=DEVICE)
-    qkv = KINDS["ln_linear"].build(tp_group=tp.group, ub=ub, params_dtype=dtype, device=DEVICE)
-    mlp.load_full_state_dict({k: v.bfloat16() for k, v in KINDS["mlp_swiglu"].state(gen).items()})
-    qkv.load_full_state_dict({k: v.bfloat16() for k, v in KINDS["ln_linear"].state(gen).items()})
-    params = [*mlp.parameters(), *qkv.parameters()]
+    # NOTE [userbuffer memory]: every op of both layers runs on a window of one buffer, and
+    # the windows of different kinds share bytes (all but the bulk pair's).
+    windows = {ub.get(n).buffer for n in overlap.ub.GEMM_NAMES if ub.is_overlapped(n)}
+    assert {w.root for w in windows} == {ub.buffer}, [w.name for w in windows]
+    assert sum(w.nbytes for w in windows) > ub.buffer.nbytes  # shared bytes
+    mlp_state = {k: v.bfloat16() for k, v in KINDS["mlp_swiglu"].state(gen).items()}
+    qkv_state = {k: v.bfloat16() for k, v in KINDS["ln_linear"].state(gen).items()}
+
+    def build(handle: overlap.ub.Userbuffers | None) -> tuple[Any, Any]:
+        kw = {"tp_group": tp.group, "ub": handle, "params_dtype": dtype, "device": DEVICE}
+        mlp, qkv = KINDS["mlp_swiglu"].build(**kw), KINDS["ln_linear"].build(**kw)
+        mlp.load_full_state_dict(mlp_state)
+        qkv.load_full_state_dict(qkv_state)
+        return mlp, qkv
+
+    mlp, qkv = build(ub)
+    plain_mlp, plain_qkv = build(None)
     xs = [rand(tokens // tp.size, H, gen=gen).bfloat16().to(DEVICE) for _ in range(3)]
     gys = [rand(tokens, N // tp.size, gen=gen).bfloat16().to(DEVICE) for _ in range(3)]
 
-    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(x: torch.Tensor, layers: tuple[Any, Any] = (mlp, qkv)) -> tuple[Any, Any]:
         x = x.clone().requires_grad_()
         with fp8_autocast(recipe, enabled=recipe is not None):
-            return x, qkv(mlp(x) + x)
+            return x, layers[1](layers[0](x) + x)
 
-    def grads(x: torch.Tensor) -> list[torch.Tensor]:
+    def grads(x: torch.Tensor, layers: tuple[Any, Any] = (mlp, qkv)) -> list[torch.Tensor]:
+        params = [*layers[0].parameters(), *layers[1].parameters()]
         out = [x.grad.clone(), *(p.grad.clone() for p in params)]
         x.grad = None
         for p in params:
@@ -512,6 +526,14 @@ def _pipeline(tp: Any, gen: torch.Generator, recipe: Fp8Recipe | None) -> None:
         xi, y = forward(x)
         (y * gy).sum().backward()
         alone.append(grads(xi))
+        if recipe is not None:  # FP8 against its emulated reference: the fp8 scenario
+            continue
+        # The same micro-batch without userbuffers: the shared buffer changes no result.
+        xi, y = forward(x, (plain_mlp, plain_qkv))
+        (y * gy).sum().backward()
+        plain = grads(xi, (plain_mlp, plain_qkv))
+        for k, (a, b) in enumerate(zip(alone[-1], plain, strict=True)):
+            close(a, b, f"pipeline: gradient {k} against ub=None", tol(dtype))
     runs = [forward(x) for x in xs]  # three forwards: the buffers are overwritten twice
     piped: list[list[torch.Tensor]] = [[], [], []]
     for i in (2, 1, 0):

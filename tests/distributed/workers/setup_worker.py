@@ -84,9 +84,9 @@ def die_in_initialize_ub(world: Bootstrap, victim: bool) -> None:
 
     import overlap
 
-    # Communicator(): 2 exchanges; each buffer: 3 more. The victim dies in the second buffer's
-    # first exchange (its first buffer is complete, its second segment exists).
-    group = Sabotaged(world, kill_at=6) if victim else world
+    # Communicator(): 2 exchanges; its one buffer (NOTE [userbuffer memory]): 3 more. The
+    # victim dies in the buffer's second exchange (every segment exists and is mapped).
+    group = Sabotaged(world, kill_at=4) if victim else world
     before = set(os.listdir("/dev/shm"))
     expect_setup_failure(
         lambda: overlap.initialize_ub(

@@ -15,10 +15,11 @@ import _worker
 import torch
 
 from overlap import destroy_ub, get_ub, initialize_ub
-from overlap.errors import ConfigError, InvalidArgumentError, StateError
+from overlap.errors import ConfigError, InvalidArgumentError, StaleBufferError, StateError
 from overlap.ops import RsMethod, all_gather_gemm_reference, gemm_reduce_scatter_reference
 from overlap.ops.bulk import bulk_rs_defaults
 from overlap.ub import GEMM_NAMES, UbConfig, Userbuffers
+from overlap.ub.handle import plan_buffer
 
 TOKENS_PER_RANK, HIDDEN, QKV_OUT, FFN = 6, 16, 24, 32  # tiny: CI has 2 cores
 
@@ -103,11 +104,15 @@ def main() -> None:
     # total_bytes counts what is allocated: cuda regions are whole 2 MiB (NOTE [allocation
     # granularity]), host ones exactly the size asked for.
     granule = 2 << 20 if device.type == "cuda" else 1
-    buffers = {id(b): b for b in (ub.get(n).buffer for n in GEMM_NAMES if ub.is_overlapped(n))}
-    for b in buffers.values():
-        assert b.allocated_bytes % granule == 0, (b.name, b.nbytes, b.allocated_bytes)
-        assert b.nbytes <= b.allocated_bytes < b.nbytes + granule, (b.name, b.allocated_bytes)
-    assert ub.total_bytes == sum(b.allocated_bytes for b in buffers.values())
+    root = ub.buffer
+    assert root is not None and root.allocated_bytes % granule == 0, root.allocated_bytes
+    assert root.nbytes <= root.allocated_bytes < root.nbytes + granule, root.allocated_bytes
+    assert ub.total_bytes == root.allocated_bytes
+    # NOTE [userbuffer memory]: every op runs on a window of the one buffer, planned without a
+    # communicator as allocated here, within 2 * T * H * 2 bytes.
+    windows = {id(b): b for b in (ub.get(n).buffer for n in GEMM_NAMES if ub.is_overlapped(n))}
+    assert all(w.root is root and w.allocated_bytes == 0 for w in windows.values())
+    assert root.nbytes == plan_buffer(ub.config, tp.size)[1] <= ub.bound_bytes
     gen = torch.Generator().manual_seed(1234 + tp.rank)  # rank-specific activations
     shared = torch.Generator().manual_seed(99)  # weights equal on every rank
 
@@ -141,6 +146,21 @@ def main() -> None:
     x = rand(TOKENS_PER_RANK, HIDDEN, gen)  # still usable
     want, _ = all_gather_gemm_reference(x, w_qkv, group=tp.group)
     close(get_ub("qkv_fprop")(x, w_qkv), want, "qkv_fprop after rejected calls")
+    # Shared bytes across kinds (NOTE [userbuffer memory]): a gathered input kept past a
+    # GEMM+RS, whose peers pushed into or pulled from the same bytes, raises on every rank.
+    got = get_ub("qkv_fprop")(x, w_qkv, keep_gathered=True)
+    want, x_full = all_gather_gemm_reference(x, w_qkv, group=tp.group)
+    close(got, want, "qkv_fprop keeping the gathered input")
+    close(get_ub("qkv_fprop").gathered_input(), x_full, "the kept gathered input")
+    z = rand(TOKENS_PER_RANK * tp.size, HIDDEN, gen)
+    close_rs(
+        ub.get("proj_fprop")(z, w_proj),
+        gemm_reduce_scatter_reference(z, w_proj, group=tp.group),
+        "proj_fprop after a kept gather",
+    )
+    _worker.expect_raises(
+        StaleBufferError, "overwritten since", lambda: get_ub("qkv_fprop").gathered_input()
+    )
     if s.transport == "cuda":
         ub.comm.synchronize()
     tp.barrier()
