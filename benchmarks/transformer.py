@@ -406,9 +406,14 @@ def run(args: argparse.Namespace) -> None:
                 if rank == 0:
                     eta = (time.monotonic() - t0) / len(rows) * (total - len(rows))
                     ours, none = row.get("ms_ours", float("nan")), row.get("ms_none", float("nan"))
+                    graphed = "".join(
+                        f", {name} {row[f'ms_{col}']:.2f} ms"
+                        for col, name in (("ours_graph", "graphed"), ("none_graph", "None graphed"))
+                        if f"ms_{col}" in row
+                    )
                     print(
                         f"[transformer] {len(rows)}/{total} {shape} T={tokens} {dtype}: ours "
-                        f"{ours:.2f} ms, ub=None {none:.2f} ms (ETA {eta:.0f} s)",
+                        f"{ours:.2f} ms, ub=None {none:.2f} ms{graphed} (ETA {eta:.0f} s)",
                         flush=True,
                     )
     if rank == 0:
