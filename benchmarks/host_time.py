@@ -3,12 +3,21 @@
 ``python -m benchmarks.host_time [--cuda] [--iters 200]`` builds each layer at tiny sizes
 (hidden 32, FFN 64, 16 tokens) on a tensor-parallel group of this process alone (``ub=None``;
 gloo on CPU, NCCL on a GPU) and prints the median host microseconds of one forward +
-backward, BF16 and FP8 (current scaling). With ``--cuda`` the GPU runs the kernels and the
-figure is the host's time to issue them. On CPU the core's GEMMs and casts run on the host
-(their reference implementations) and PyTorch's attention on the CPU, so a CPU figure also
-holds that compute (most of TransformerLayer's). A row's time is the floor under which no step
-of that layer can go while Python issues it (NOTE [step timing] in ``benchmarks/common.py``:
-a step shorter than this is bound by the host). JSON to ``--json``.
+backward, BF16 and FP8 (current scaling).
+
+``--ops`` instead measures the host time of one call of each overlap op (AG+GEMM, GEMM+RS,
+the bulk pair; tiny shapes on a group of one rank; ``--cuda``: the cuda transport on GPU 0)
+after its first call: the Python and binding overhead per op (NOTE [op plans] in
+``overlap/ops/_operands.py``). ``--ub`` (under mpirun, or ``--launch N``) measures each layer
+with a ``Userbuffers`` handle (``initialize_ub``; the host transport, or cuda with
+``--cuda``) beside the same layer with ``ub=None``, the maximum over ranks.
+
+With ``--cuda`` the GPU runs the kernels and the figure is the host's time to issue them. On
+CPU the core's GEMMs and casts run on the host (their reference implementations) and
+PyTorch's attention on the CPU, so a CPU figure also holds that compute (most of
+TransformerLayer's). A row's time is the floor under which no step of that layer can go
+while Python issues it (NOTE [step timing] in ``benchmarks/common.py``: a step shorter than
+this is bound by the host). JSON to ``--json``.
 """
 
 from __future__ import annotations
@@ -23,17 +32,24 @@ from typing import Any
 MODULES = ("LayerNormLinear", "RowParallelLinear", "LayerNormMLP", "TransformerLayer")
 
 
-def _layer(name: str, device: Any) -> tuple[Any, tuple[int, ...]]:
+def _layer(name: str, device: Any, *, tp_group: Any = None, ub: Any = None,
+           tp: int = 1) -> tuple[Any, tuple[int, ...]]:  # fmt: skip
+    """Layer ``name`` at tiny sizes and its input's shape (sequence-parallel: ``16`` tokens per
+    rank, ``16 * tp`` into a row-parallel linear)."""
     import torch
 
     from overlap import layers
 
-    common = {"params_dtype": torch.bfloat16, "device": device}
+    common: dict[str, Any] = {"params_dtype": torch.bfloat16, "device": device}
+    if ub is not None or tp_group is not None:
+        common.update(tp_group=tp_group, ub=ub)
     if name == "LayerNormLinear":
-        return layers.LayerNormLinear(32, 64, normalization="RMSNorm", bias=False, **common), (
+        return layers.LayerNormLinear(32, 64, normalization="RMSNorm", bias=False,
+                                      **({"gemm": "qkv"} if ub else {}), **common), (
             16, 32)  # fmt: skip
     if name == "RowParallelLinear":
-        return layers.RowParallelLinear(64, 32, bias=False, **common), (16, 64)
+        return layers.RowParallelLinear(64, 32, bias=False, **({"gemm": "proj"} if ub else {}),
+                                        **common), (16 * tp, 64 // tp)  # fmt: skip
     if name == "LayerNormMLP":
         return layers.LayerNormMLP(32, 64, activation="swiglu", normalization="RMSNorm",
                                    bias=False, **common), (16, 32)  # fmt: skip
@@ -66,22 +82,167 @@ def measure(name: str, fp8: bool, device: Any, iters: int) -> float:
     return statistics.median(times)
 
 
+OPS = ("ag_gemm", "ag_gemm_fp8", "ag_gemm_3w", "gemm_rs", "ag_beside_gemm", "rs_beside_gemm")
+
+
+def _median_us(call: Any, iters: int, cuda: bool) -> float:
+    """Median host us of ``call()`` after 20 warm-up calls (the first plans it)."""
+    import torch
+
+    times = []
+    for i in range(iters + 20):
+        t0 = time.perf_counter()
+        call()
+        if i >= 20:
+            times.append((time.perf_counter() - t0) * 1e6)
+        if cuda and i % 20 == 19:
+            torch.cuda.synchronize()  # never let the queue grow without bound
+    return statistics.median(times)
+
+
+def measure_op(name: str, device: Any, iters: int) -> float:
+    """Median host us of one call of overlap op ``name`` (tiny shapes, this rank's group)."""
+    import torch
+    import torch.distributed as dist
+
+    from overlap import ops
+    from overlap.comm import Communicator, TorchBootstrap
+    from overlap.quantization import CurrentScalingConfig, make_quantizer
+
+    comm = Communicator(TorchBootstrap(dist.group.WORLD), device.type if device.type ==
+                        "cuda" else "host")  # fmt: skip
+    tp = comm.group.size
+    m, k, n = 16, 64, 32
+    bf16 = torch.bfloat16
+    x = torch.randn(m, k, dtype=bf16, device=device)
+    w = torch.randn(n, k, dtype=bf16, device=device)
+    try:
+        if name.startswith("ag_gemm"):
+            fp8 = name.endswith("fp8")
+            op = ops.AllGatherGemm(comm, m * tp, k, torch.float8_e4m3fn if fp8 else bf16)
+            if fp8:
+                q = make_quantizer(CurrentScalingConfig(), columnwise=False)
+                xq, wq = q.quantize(x), q.quantize(w)
+                return _median_us(lambda: op(xq, wq), iters, device.type == "cuda")
+            ws = [w, w, w] if name.endswith("3w") else w
+            return _median_us(lambda: op(x, ws), iters, device.type == "cuda")
+        if name == "gemm_rs":
+            op = ops.GemmReduceScatter(comm, m * tp, n, bf16)
+            return _median_us(lambda: op(x, w), iters, device.type == "cuda")
+        if name == "ag_beside_gemm":
+            op = ops.AllGatherBesideGemm(comm, m * tp, k, bf16)
+            return _median_us(lambda: op(x, x, w, transb=True), iters, device.type == "cuda")
+        op = ops.ReduceScatterBesideGemm(comm, m * tp, k, bf16)
+        xs = torch.randn(m * tp, k, dtype=bf16, device=device)
+        return _median_us(lambda: op(xs, x, w, transb=True), iters, device.type == "cuda")
+    finally:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        op.destroy()
+        comm.destroy()
+
+
+def _training_step(layer: Any, x: Any, recipe: Any, fp8: bool) -> Any:
+    """One forward + backward of ``layer`` on ``x``, gradients cleared after it."""
+    from overlap.layers import fp8_autocast
+
+    def step() -> None:
+        with fp8_autocast(recipe, enabled=fp8):
+            y = layer(x)
+        y.sum().backward()
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def measure_ub(name: str, fp8: bool, device: Any, iters: int) -> tuple[float, float]:
+    """Median host us of one forward + backward of ``name`` (tiny) with ``ub=None`` and with a
+    ``Userbuffers`` handle of this job's group (collective)."""
+    import torch
+    import torch.distributed as dist
+
+    import overlap
+    from overlap.layers import Fp8Recipe
+
+    tp = dist.get_world_size()
+    tokens, hidden = 16 * tp, 32
+    ub = overlap.initialize_ub((tokens, hidden), dist.group.WORLD, torch.bfloat16, use_fp8=fp8,
+                               transport="cuda" if device.type == "cuda" else "host",
+                               register=False)  # fmt: skip
+    recipe = Fp8Recipe() if fp8 else None
+    out = []
+    try:
+        for handle in (None, ub):
+            torch.manual_seed(0)
+            layer, shape = _layer(name, device, tp_group=dist.group.WORLD, ub=handle, tp=tp)
+            x = torch.randn(shape, dtype=torch.bfloat16, device=device, requires_grad=True)
+
+            step = _training_step(layer, x, recipe, fp8)
+            out.append(_median_us(step, iters, device.type == "cuda"))
+            del layer
+    finally:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        ub.destroy()
+    return out[0], out[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.host_time",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     parser.add_argument("--cuda", action="store_true", help="run the kernels on GPU 0")
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--json", default="", help="write the rows here")
+    parser.add_argument("--ops", action="store_true", help="per-op host time of the overlap ops")
+    parser.add_argument(
+        "--ub",
+        action="store_true",
+        help="layers with a Userbuffers handle beside ub=None (under mpirun)",
+    )
+    from benchmarks.common import add_launch_arg, launch_workers
+
+    add_launch_arg(parser)
     args = parser.parse_args(argv)
+    if args.launch:
+        return launch_workers("benchmarks.host_time", args.launch,
+                              sys.argv[1:] if argv is None else argv)  # fmt: skip
     import torch
     import torch.distributed as dist
 
-    from benchmarks.common import format_table, write_json
+    from benchmarks.common import format_table
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
-    dist.init_process_group("nccl" if args.cuda else "gloo", rank=0, world_size=1)
-    device = torch.device("cuda", 0) if args.cuda else torch.device("cpu")
+    if args.ub:
+        from overlap.launch import init_torch_distributed
+
+        launch = init_torch_distributed("nccl" if args.cuda else "gloo")
+        device = torch.device("cuda", launch.local_rank) if args.cuda else torch.device("cpu")
+    else:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
+        dist.init_process_group("nccl" if args.cuda else "gloo", rank=0, world_size=1)
+        device = torch.device("cuda", 0) if args.cuda else torch.device("cpu")
+    if args.ops:
+        rows = [{"op": o, "host_us": measure_op(o, device, args.iters)} for o in OPS]
+        print(f"host time per overlap op call, {dist.get_world_size()} rank(s), {device.type}, "
+              f"median of {args.iters} calls (us)")  # fmt: skip
+        print(format_table(rows, [("op", "op"), ("host_us", "host us")]))
+        return _finish(args, device, rows)
+    if args.ub:
+        from benchmarks.common import max_over_ranks
+
+        rows = []
+        for m in MODULES:
+            for d in ("bf16", "fp8"):
+                none_us, ub_us = measure_ub(m, d == "fp8", device, args.iters)
+                rows.append({"module": m, "dtype": d, "none_us": max_over_ranks(none_us),
+                             "ub_us": max_over_ranks(ub_us)})  # fmt: skip
+        if dist.get_rank() == 0:
+            print(f"host time per forward + backward, {dist.get_world_size()} ranks, "
+                  f"{device.type}, median of {args.iters} steps, max over ranks (us)")  # fmt: skip
+            print(format_table(rows, [("module", "module"), ("dtype", "dtype"),
+                                      ("none_us", "ub=None us"), ("ub_us", "ub us")]))  # fmt: skip
+        return _finish(args, device, rows)
     rows = [
         {"module": m, "dtype": d, "host_us": measure(m, d == "fp8", device, args.iters)}
         for m in MODULES
@@ -90,7 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"host time per forward + backward, one process, {device.type}, median of "
           f"{args.iters} steps (us)")  # fmt: skip
     print(format_table(rows, [("module", "module"), ("dtype", "dtype"), ("host_us", "host us")]))
-    if args.json:
+    return _finish(args, device, rows)
+
+
+def _finish(args: argparse.Namespace, device: Any, rows: list[dict[str, Any]]) -> int:
+    import torch.distributed as dist
+
+    from benchmarks.common import write_json
+
+    if args.json and dist.get_rank() == 0:
         from pathlib import Path
 
         write_json(Path(args.json), {"device": device.type, "rows": rows})

@@ -11,6 +11,7 @@ read it, so that neither imports the other for a dtype fact or a scaling mode.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 
 __all__ = [
@@ -59,11 +60,33 @@ def dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# Answers of is_fp8 / is_high_precision by dtype object: both sit on every op's and layer's
+# launch path, where formatting a dtype's name each time was a measurable share of the host
+# time. Dtypes (and their names) are immutable and hashable, so an answer never goes stale;
+# the size bound guards against a caller that makes new objects each time.
+_FP8_ANSWERS: dict[object, bool] = {}
+_HIGH_PRECISION_ANSWERS: dict[object, bool] = {}
+
+
 def is_fp8(dtype: object) -> bool:
     """Whether ``dtype`` (a torch dtype or its name) is an FP8 dtype."""
-    return dtype_name(dtype) in FP8_DTYPES
+    try:
+        return _FP8_ANSWERS[dtype]
+    except (KeyError, TypeError):
+        answer = dtype_name(dtype) in FP8_DTYPES
+        if len(_FP8_ANSWERS) < 256:
+            with contextlib.suppress(TypeError):  # unhashable: answered, not remembered
+                _FP8_ANSWERS[dtype] = answer
+        return answer
 
 
 def is_high_precision(dtype: object) -> bool:
     """Whether ``dtype`` (a torch dtype or its name) is bfloat16, float16 or float32."""
-    return dtype_name(dtype) in HIGH_PRECISION_DTYPES
+    try:
+        return _HIGH_PRECISION_ANSWERS[dtype]
+    except (KeyError, TypeError):
+        answer = dtype_name(dtype) in HIGH_PRECISION_DTYPES
+        if len(_HIGH_PRECISION_ANSWERS) < 256:
+            with contextlib.suppress(TypeError):
+                _HIGH_PRECISION_ANSWERS[dtype] = answer
+        return answer

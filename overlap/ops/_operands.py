@@ -30,7 +30,9 @@ __all__ = [
     "is_fp8",
     "op_device",
     "prepare",
+    "signature",
     "split_operand",
+    "stream_of",
     "travels_as",
     "tuning",
     "weight_transposed",
@@ -100,6 +102,47 @@ def split_operand(op: str, name: str, x: object) -> tuple[torch.Tensor, torch.Te
     if data.dim() != 2:
         raise InvalidArgumentError(f"{op}: {name} must be 2-D, got shape {tuple(data.shape)}")
     return data, scale_inv
+
+
+# NOTE [op plans]: an overlap op's Python checks (operand kinds, dtypes, shapes, strides,
+# devices, FP8 formats, the epilogue's arguments) read tensor metadata only, never data
+# pointers or values. So a call whose every operand has the metadata of an earlier checked
+# call passes the same checks: the op keeps the checked call's plan (the output shapes and
+# dtype, the native call's fixed keywords, its CallRecord entry) keyed by that metadata
+# (:func:`signature` of each operand, the call's other arguments and the op's tuning), and a
+# call whose key equals the plan's skips the checks and goes to the native op. Any change of
+# shape, dtype, stride, device, scaling format or argument changes the key: the call takes the
+# checked path (typed errors before any GPU work, as before) and re-plans. What the key does
+# not cover stays checked on every call by the binding and the core: the data pointers
+# (alignment, no view of the op's own buffer), the buffer's liveness and generation
+# (run_op; StaleBufferError), the collective op sequence. A plan is recorded only after the
+# native op accepted the call, so a rejected call never leaves one behind.
+# Verdict: the fast path returns what the checked path returns, and raises where it raises.
+
+
+def signature(x: object) -> tuple | None:
+    """The metadata the ops' Python checks read of operand ``x`` (NOTE [op plans]): dtype,
+    shape, strides and device of a tensor; of a QuantizedTensor also its class, rowwise
+    format and its data's and scale_inv's; ``("none",)`` for None. None for anything else
+    (such a call is always checked)."""
+    import torch
+
+    if x is None:
+        return ("none",)
+    if type(x) is torch.Tensor or isinstance(x, torch.Tensor):
+        return (x.dtype, x.shape, x.stride(), x.device)
+    if isinstance(x, QuantizedTensor):
+        if not x.has_rowwise:
+            return None
+        data, scale_inv = x.rowwise_data, x.rowwise_scale_inv
+        return (
+            type(x),
+            x.dtype,
+            x.rowwise_format,
+            signature(data),
+            signature(scale_inv),
+        )
+    return None
 
 
 def check_pair(op: str, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> None:

@@ -17,6 +17,7 @@ synchronising the host. The host transport runs it synchronously.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from overlap._native import native
@@ -34,7 +35,9 @@ from overlap.ops._operands import (
     gemm_kwargs,
     is_fp8,
     op_device,
+    signature,
     split_operand,
+    stream_of,
     travels_as,
     tuning,
     weight_transposed,
@@ -154,6 +157,7 @@ class AllGatherGemm:
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_OP, self.buffer, tp, nbytes)
         self._calls = CallRecord()  # the last call's gather (and whether it kept it whole)
+        self._plan: _AgPlan | None = None  # the last checked call's plan (NOTE [op plans])
 
     def __call__(
         self,
@@ -220,14 +224,84 @@ class AllGatherGemm:
             CommTimeoutError: a peer did not take part in time (cuda: raised by the next op
                 or ``comm.synchronize()``).
         """
-        import torch
-
+        keep = self.keep_gathered if keep_gathered is None else bool(keep_gathered)
         several = isinstance(weight, (list, tuple))
         weights = list(weight) if several else [weight]  # type: ignore[list-item]
         biases = _per_weight("bias", bias, several, len(weights))
         outs = _per_weight("out", out, several, len(weights))
+        key = _call_key(
+            (x_shard, *weights, *biases), outs,
+            (several, gelu, alpha, out_dtype, fast_accum, sm_count, weight_layout, self._tuning()),
+        )  # fmt: skip
+        plan = self._plan
+        if plan is not None and key is not None and plan.key == key:
+            return self._run(plan, x_shard, weights, biases=biases, outs=outs, several=several,
+                             keep=keep)  # fmt: skip
+        return self._call_checked(
+            key, x_shard, weights, biases=biases, outs=outs, several=several, gelu=gelu,
+            alpha=alpha, out_dtype=out_dtype, fast_accum=fast_accum, sm_count=sm_count,
+            keep=keep, weight_layout=weight_layout,
+        )  # fmt: skip
+
+    def _run(
+        self,
+        plan: _AgPlan,
+        x_shard: Operand,
+        weights: list[Operand],
+        *,
+        biases: list,
+        outs: list,
+        several: bool,
+        keep: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The fast path (NOTE [op plans]): the call's signature is the plan's, so every
+        check of :meth:`_call_checked` holds; only the operands' data pointers are new."""
+        import torch
+
+        if plan.quantized:
+            a, a_scale_inv = split_operand(_OP, "the input", x_shard)
+            bs, b_scale_invs = [], []
+            for w in weights:
+                b, b_scale_inv = split_operand(_OP, "the weight", w)
+                bs.append(b)
+                b_scale_invs.append(b_scale_inv)
+        else:
+            a, a_scale_inv, bs, b_scale_invs = x_shard, None, weights, plan.no_scales
+        for i, shape in enumerate(plan.out_shapes):
+            if outs[i] is None:
+                outs[i] = torch.empty(shape, dtype=plan.alloc_dtype, device=self.device)
+        native().comm_ops.ag_gemm(
+            self.buffer._core, a, bs, outs, bias=biases, a_scale_inv=a_scale_inv,
+            b_scale_inv=b_scale_invs, keep_gathered=keep, stream=stream_of(self.device),
+            **plan.kwargs,
+        )  # fmt: skip
+        self._calls.note(self.buffer, plan.last_gather, keep or self.pull_shards)
+        return tuple(outs) if several else outs[0]
+
+    def _call_checked(
+        self,
+        key: tuple | None,
+        x_shard: Operand,
+        weights: list[Operand],
+        *,
+        biases: list,
+        outs: list,
+        several: bool,
+        gelu: bool,
+        alpha: float,
+        out_dtype: torch.dtype | None,
+        fast_accum: bool | None,
+        sm_count: int,
+        keep: bool,
+        weight_layout: str,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The slow path: every check, then the op; records the call's plan (NOTE [op
+        plans]) once the native op has accepted it."""
+        import torch
+
+        outs_given = [o is not None for o in outs]
         if not weights:
-            raise InvalidArgumentError(f"{_OP}: weight is an empty {type(weight).__name__}")
+            raise InvalidArgumentError(f"{_OP}: weight is an empty list")
         transb = weight_transposed(_OP, weight_layout)
         a, a_scale_inv = split_operand(_OP, "the input", x_shard)
         m, k = a.shape
@@ -279,7 +353,7 @@ class AllGatherGemm:
             transb=transb,
         )
         kwargs["b_scale_inv"] = b_scale_invs
-        keep = self.keep_gathered if keep_gathered is None else bool(keep_gathered)
+        out_shapes = [tuple(o.shape) for o in outs]
         native().comm_ops.ag_gemm(
             self.buffer._core,
             a,
@@ -296,7 +370,27 @@ class AllGatherGemm:
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
         hp_dtype = x_shard.dtype if isinstance(x_shard, QuantizedTensor) else a.dtype
         self._calls.note(self.buffer, (m, hp_dtype, fmt), keep or self.pull_shards)
+        if key is not None:
+            fixed = {k: v for k, v in kwargs.items()
+                     if k not in ("a_scale_inv", "b_scale_inv", "stream")}  # fmt: skip
+            fixed.update(gelu=gelu, staggered_puts=self.staggered_puts, pieces=self.pieces,
+                         pull_shards=self.pull_shards)  # fmt: skip
+            self._plan = _AgPlan(
+                key=key,
+                quantized=any(isinstance(t, QuantizedTensor) for t in (x_shard, *weights)),
+                out_shapes=[
+                    None if given else s for s, given in zip(out_shapes, outs_given, strict=True)
+                ],
+                alloc_dtype=alloc_dtype,
+                no_scales=[None] * len(weights),
+                kwargs=fixed,
+                last_gather=(m, hp_dtype, fmt),
+            )
         return tuple(outs) if several else outs[0]
+
+    def _tuning(self) -> tuple:
+        """The op's tuning as its plans depend on it (attributes a caller may reassign)."""
+        return (self.compute_lanes, self.staggered_puts, self.pieces, self.pull_shards, self.tp)
 
     def gathered_input(self, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
         """The input gathered by the last call: ``[tp * m, K]``, a view of the buffer (FP8:
@@ -336,6 +430,36 @@ class AllGatherGemm:
         not collective."""
         if self._owns_buffer:
             self.buffer.destroy()
+
+
+@dataclass(frozen=True)
+class _AgPlan:
+    """What a checked call of :class:`AllGatherGemm` left for the calls of its signature
+    (NOTE [op plans])."""
+
+    key: tuple
+    quantized: bool  # some operand is a QuantizedTensor: split it (data view, scale_inv)
+    out_shapes: list  # per weight: the shape to allocate, or None where the caller gives out
+    alloc_dtype: torch.dtype
+    no_scales: list  # [None] per weight: the b_scale_inv of high-precision weights
+    kwargs: dict  # the native call's arguments that depend on the signature alone
+    last_gather: tuple  # CallRecord's LastGather of such a call
+
+
+def _call_key(operands: tuple, outs: list, arguments: tuple) -> tuple | None:
+    """The signature of a call: :func:`signature` of every operand (input, weights, biases)
+    and output, the call's other arguments and the op's tuning; None where some operand has
+    none or an argument is unhashable (such a call is always checked)."""
+    sigs = tuple(signature(t) for t in operands)
+    out_sigs = tuple(signature(o) for o in outs)
+    if None in sigs or None in out_sigs:
+        return None
+    key = (sigs, out_sigs, arguments)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _per_weight(what: str, value: object, several: bool, count: int) -> list:

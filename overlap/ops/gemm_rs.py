@@ -46,9 +46,12 @@ from overlap.ops._operands import (
     is_fp8,
     op_device,
     prepare,
+    signature,
+    stream_of,
     tuning,
     weight_transposed,
 )
+from overlap.quantization import QuantizedTensor
 
 if TYPE_CHECKING:
     import torch
@@ -224,6 +227,9 @@ class GemmReduceScatter:
         self._owns_buffer = buffer is None
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_OP, self.buffer, tp, nbytes)
+        # The last checked call's (key, quantized, out shape, fixed native keywords): NOTE
+        # [op plans].
+        self._plan: tuple | None = None
 
     def __call__(
         self,
@@ -272,6 +278,24 @@ class GemmReduceScatter:
         """
         import torch
 
+        key = (signature(x), signature(weight), signature(out), signature(out_scale),
+               signature(out_amax), signature(out_scale_inv), alpha, fast_accum, sm_count,
+               weight_layout, self._tuning())  # fmt: skip
+        plan = self._plan
+        if plan is not None and plan[0] == key:  # the fast path (NOTE [op plans])
+            _, quantized, shape, kwargs = plan
+            if quantized:
+                a, a_scale_inv, b, b_scale_inv = prepare(_OP, x, weight, self.device)
+            else:
+                a, a_scale_inv, b, b_scale_inv = x, None, weight, None
+            if out is None:
+                out = torch.empty(shape, dtype=self.out_dtype, device=self.device)
+            native().comm_ops.gemm_rs(
+                self.buffer._core, a, b, out, out_scale=out_scale, out_amax=out_amax,
+                out_scale_inv=out_scale_inv, a_scale_inv=a_scale_inv, b_scale_inv=b_scale_inv,
+                stream=stream_of(self.device), **kwargs,
+            )  # fmt: skip
+            return out
         transb = weight_transposed(_OP, weight_layout)
         a, a_scale_inv, b, b_scale_inv = prepare(_OP, x, weight, self.device)
         rows, k = a.shape
@@ -296,6 +320,16 @@ class GemmReduceScatter:
             )
         if is_fp8(self.out_dtype) and out_scale is None:
             raise InvalidArgumentError(f"{_OP}: an FP8 output needs out_scale")
+        kwargs = gemm_kwargs(
+            a,
+            (a_scale_inv, b_scale_inv),
+            alpha=alpha,
+            fast_accum=fast_accum,
+            sm_count=sm_count,
+            compute_lanes=self.compute_lanes,
+            device=self.device,
+            transb=transb,
+        )
         native().comm_ops.gemm_rs(
             self.buffer._core,
             a,
@@ -307,18 +341,21 @@ class GemmReduceScatter:
             reduce_max_blocks=self.reduce_max_blocks,
             method=self.method.native,
             **self._method_knobs(),
-            **gemm_kwargs(
-                a,
-                (a_scale_inv, b_scale_inv),
-                alpha=alpha,
-                fast_accum=fast_accum,
-                sm_count=sm_count,
-                compute_lanes=self.compute_lanes,
-                device=self.device,
-                transb=transb,
-            ),
+            **kwargs,
         )
+        if None not in key[:6]:  # every operand has a signature: plan it (NOTE [op plans])
+            fixed = {k: v for k, v in kwargs.items()
+                     if k not in ("a_scale_inv", "b_scale_inv", "stream")}  # fmt: skip
+            fixed.update(reduce_max_blocks=self.reduce_max_blocks, method=self.method.native,
+                         **self._method_knobs())  # fmt: skip
+            quantized = isinstance(x, QuantizedTensor) or isinstance(weight, QuantizedTensor)
+            self._plan = (key, quantized, shape, fixed)
         return out
+
+    def _tuning(self) -> tuple:
+        """The op's tuning as its plans depend on it (attributes a caller may reassign)."""
+        return (self.method, self.compute_lanes, self.reduce_max_blocks, self.ring_subchunks,
+                self.pieces, self.pull_shards, self.out_dtype, self.tp)  # fmt: skip
 
     def _method_knobs(self) -> dict[str, object]:
         """The method's own tuning, as the native call takes it (the other method's knobs are

@@ -109,12 +109,13 @@ def as_amax_reducer(group: Any) -> AmaxReducer:
     Raises:
         InvalidArgumentError: ``group`` is none of these.
     """
-    if isinstance(group, AmaxReducer):
+    # This runs per quantizer creation, i.e. per step of an FP8 layer: the adapters of this
+    # module are recognised by their type first, since isinstance() against a
+    # runtime-checkable Protocol walks the protocol's attributes on every call.
+    # A ProcessGroup (what the layers pass) has no all_reduce_max, so testing for it first
+    # answers as the Protocol test would.
+    if type(group) in _ADAPTERS:
         return group
-    from overlap.comm.bootstrap import Bootstrap
-
-    if isinstance(group, Bootstrap):
-        return BootstrapAmaxReducer(group)
     try:
         import torch.distributed as dist
 
@@ -122,6 +123,12 @@ def as_amax_reducer(group: Any) -> AmaxReducer:
             return ProcessGroupAmaxReducer(group)
     except ImportError:
         pass
+    if isinstance(group, AmaxReducer):
+        return group
+    from overlap.comm.bootstrap import Bootstrap
+
+    if isinstance(group, Bootstrap):
+        return BootstrapAmaxReducer(group)
     if callable(group):
         return CallableAmaxReducer(group)
     raise InvalidArgumentError(
@@ -129,3 +136,6 @@ def as_amax_reducer(group: Any) -> AmaxReducer:
         f"torch.distributed ProcessGroup, an overlap Bootstrap or a callable; got "
         f"{type(group).__name__}"
     )
+
+
+_ADAPTERS = (ProcessGroupAmaxReducer, BootstrapAmaxReducer, CallableAmaxReducer)
