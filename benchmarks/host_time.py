@@ -53,7 +53,7 @@ def _layer(name: str, device: Any, *, tp_group: Any = None, ub: Any = None,
     if name == "LayerNormMLP":
         return layers.LayerNormMLP(32, 64, activation="swiglu", normalization="RMSNorm",
                                    bias=False, **common), (16, 32)  # fmt: skip
-    return layers.TransformerLayer(32, 64, 4, num_query_groups=2, head_dim=8, **common), (
+    return layers.TransformerLayer(32, 64, 8, num_query_groups=4, head_dim=8, **common), (
         16, 1, 32)  # fmt: skip
 
 
