@@ -331,6 +331,9 @@ def run(args: argparse.Namespace) -> None:
                             "none_graph": partial(
                                 _ours, dims, tokens, seq, None, fp8, device, args, graph=True
                             ),
+                            "floor_graph": partial(
+                                _ours, local, tokens, seq, None, fp8, device, args, alone, True
+                            ),
                         }
                         if args.graph and cuda
                         else {}
@@ -394,6 +397,10 @@ def run(args: argparse.Namespace) -> None:
                     row["tokens_per_s"] = tokens / row["ms_ours"] * 1e3
                 if "ms_ours_graph" in row and "ms_none_graph" in row:
                     row["speedup_graph"] = row["ms_none_graph"] / row["ms_ours_graph"]
+                if "ms_floor_graph" in row and "ms_none_graph" in row:
+                    row["none_graph_over_floor_graph"] = (
+                        row["ms_none_graph"] / row["ms_floor_graph"]
+                    )
                 if "ms_floor" in row:
                     for col in ("ours", "none"):
                         if f"ms_{col}" in row:
@@ -498,7 +505,8 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
     if args.graph:  # after the step columns: graphed ours, graphed ub=None, their ratio
         columns[11:11] = [
             ("ms_ours_graph", "ours graphed"), ("ms_none_graph", "None graphed"),
-            ("speedup_graph", "graphed vs None graphed"),
+            ("ms_floor_graph", "floor graphed"), ("speedup_graph", "graphed vs None graphed"),
+            ("none_graph_over_floor_graph", "None/floor graphed"),
             ("host_ms_ours_graph", "host ms graphed"),
         ]  # fmt: skip
     header = (
@@ -552,13 +560,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--columns", default="",
         help="comma-separated subset of the columns to time (default: all), of "
-        f"{(*COLUMNS, 'ours_graph', 'none_graph')}",
+        f"{(*COLUMNS, 'ours_graph', 'none_graph', 'floor_graph')}",
     )  # fmt: skip
     parser.add_argument(
         "--graph", action="store_true",
-        help="GPUs: two more columns, ours and ub=None with the layer's forward and backward "
-        "replayed as CUDA graphs (overlap.layers.make_graphed_callables): the step without "
-        "Python's host time",
+        help="GPUs: three more columns, ours, ub=None and the floor with the layer's forward and "
+        "backward replayed as CUDA graphs (overlap.layers.make_graphed_callables): the step "
+        "without Python's host time",
     )  # fmt: skip
     parser.add_argument(
         "--host-profile", action="store_true",
