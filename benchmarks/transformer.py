@@ -68,6 +68,7 @@ SHAPES = {
 TINY = (64, 128, 8, 4, 8)
 TARGET_SPEEDUP = 1.12  # over ub=None (docs/design.md §6)
 COLUMNS = ("ours", "none", "torch_eager", "torch_compile", "torch_async_tp", "te", "floor")
+GRAPHED = ("ours_graph", "none_graph", "floor_graph")  # --graph's columns
 PEERS = ("torch_eager", "torch_compile", "torch_async_tp", "te")
 
 
@@ -560,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--columns", default="",
         help="comma-separated subset of the columns to time (default: all), of "
-        f"{(*COLUMNS, 'ours_graph', 'none_graph', 'floor_graph')}",
+        f"{(*COLUMNS, *GRAPHED)}",
     )  # fmt: skip
     parser.add_argument(
         "--graph", action="store_true",
@@ -574,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
         "profile goes to OUT/host_profile-<row>-<column>.txt (where the host time goes)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    unknown = sorted(set(filter(None, args.columns.split(","))) - {*COLUMNS, *GRAPHED})
+    if unknown:
+        parser.error(f"--columns: unknown {unknown}; of {(*COLUMNS, *GRAPHED)}")
     if args.trace and not args.cuda:
         parser.error("--trace records GPU timelines (CUPTI): it needs --cuda")
     if args.launch:

@@ -55,7 +55,7 @@ void Transport::poll_faults(bool peers) const noexcept {
   try {
     poll_async_faults();  // an asynchronous fault found earlier comes first
     if (abort_requested_.load(std::memory_order_acquire)) {
-      record_fault(ErrorKind::kAborted, "aborted (Communicator.abort())");
+      record_fault(ErrorKind::kAborted, "aborted: Communicator.abort was called");
     }
     if (peers && !failed_fast_.load(std::memory_order_acquire)) {
       const int peer = flags_->find_poisoned_peer();

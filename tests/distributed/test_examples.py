@@ -34,6 +34,28 @@ def test_mlp_block_example(flags: list[str]) -> None:
     assert losses[-1] < losses[0], f"the loss did not fall: {losses}"
 
 
+def _train_gpt_against_one_process(nprocs: int, flags: list[str], env: dict[str, str]) -> None:
+    """Run examples/train_gpt.py --compare under mpirun: it must exit cleanly, print a loss
+    for every step, stay within 2% of the one-process losses, and its loss must fall."""
+    mpirun = shutil.which(settings().mpirun)
+    if mpirun is None:
+        pytest.skip("mpirun not found")
+    script = str(REPO_ROOT / "examples" / "train_gpt.py")
+    cmd = mpirun_command(
+        nprocs, [sys.executable, script, "--compare", *flags],
+        env={"PYTHONPATH": str(REPO_ROOT), **env}, mpirun=mpirun,
+    )  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, f"{format_command(cmd)}\n{out[-3000:]}"
+    losses = [float(v) for v in re.findall(r"step +\d+: loss ([0-9.]+)", out)]
+    diff = re.search(r"largest relative loss difference to one process: ([0-9.]+)", out)
+    steps = int(flags[flags.index("--steps") + 1])
+    assert diff is not None and len(losses) == steps, out[-3000:]
+    assert float(diff.group(1)) < 0.02, out[-3000:]
+    assert min(losses[-3:]) < losses[0], f"the loss did not fall: {losses}"
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     ("nprocs", "flags"),
@@ -43,22 +65,7 @@ def test_mlp_block_example(flags: list[str]) -> None:
 def test_train_gpt_matches_one_process(nprocs: int, flags: list[str]) -> None:
     """The TP (and TP x DP) GPT trains like the same model on one process: the same losses
     within 2% (bf16 activations against float32 references; FP8 casts), and the loss falls."""
-    mpirun = shutil.which(settings().mpirun)
-    if mpirun is None:
-        pytest.skip("mpirun not found")
-    script = str(REPO_ROOT / "examples" / "train_gpt.py")
-    cmd = mpirun_command(
-        nprocs, [sys.executable, script, "--compare", *flags],
-        env={"PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}, mpirun=mpirun,
-    )  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, f"{format_command(cmd)}\n{out[-3000:]}"
-    losses = [float(v) for v in re.findall(r"step +\d+: loss ([0-9.]+)", out)]
-    diff = re.search(r"largest relative loss difference to one process: ([0-9.]+)", out)
-    assert diff is not None and losses, out[-3000:]
-    assert float(diff.group(1)) < 0.02, out[-3000:]
-    assert min(losses[-3:]) < losses[0], f"the loss did not fall: {losses}"
+    _train_gpt_against_one_process(nprocs, flags, {"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.mark.mpi
@@ -71,31 +78,5 @@ def test_train_gpt_with_graphed_layers_matches_one_process(fp8: bool) -> None:
     n = min(gpu_count(), 4)
     if n < 2:
         pytest.skip(f"needs 2 GPUs, {gpu_count()} visible")
-    mpirun = shutil.which(settings().mpirun)
-    if mpirun is None:
-        pytest.skip("mpirun not found")
-    script = str(REPO_ROOT / "examples" / "train_gpt.py")
-    flags = [
-        "--cuda-graph",
-        "--compare",
-        "--steps",
-        "20",
-        "--hidden",
-        "1024",
-        "--heads",
-        "16",
-        "--seq",
-        "1024",
-    ]
-    cmd = mpirun_command(
-        n, [sys.executable, script, *flags, *(["--fp8"] if fp8 else [])],
-        env={"PYTHONPATH": str(REPO_ROOT)}, mpirun=mpirun,
-    )  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, f"{format_command(cmd)}\n{out[-3000:]}"
-    losses = [float(v) for v in re.findall(r"step +\d+: loss ([0-9.]+)", out)]
-    diff = re.search(r"largest relative loss difference to one process: ([0-9.]+)", out)
-    assert diff is not None and len(losses) == 20, out[-3000:]
-    assert float(diff.group(1)) < 0.02, out[-3000:]
-    assert min(losses[-3:]) < losses[0], f"the loss did not fall: {losses}"
+    flags = ["--cuda-graph", "--steps", "20", "--hidden", "1024", "--heads", "16", "--seq", "1024"]
+    _train_gpt_against_one_process(n, flags + (["--fp8"] if fp8 else []), {})

@@ -64,7 +64,7 @@ def build(tp: Any, ub: Any, recipe: Fp8Recipe | None, state: dict[str, torch.Ten
     return layer
 
 
-def whole_state(gen: torch.Generator, tp: Any) -> dict[str, torch.Tensor]:
+def whole_state(tp: Any) -> dict[str, torch.Tensor]:
     """The same whole weights on every rank (a layer made with seed 0 on one rank's view)."""
     torch.manual_seed(0)
     ref = TransformerLayer(
@@ -127,7 +127,7 @@ RECIPES = {
 
 
 def equal(tp: Any, gen: torch.Generator) -> None:
-    state = whole_state(gen, tp)
+    state = whole_state(tp)
     for rname, recipe in RECIPES.items():
         for with_ub in (True, False):
             ub = make_ub(tp, recipe is not None) if with_ub else None
@@ -194,7 +194,7 @@ def _sync_delayed(dst: torch.nn.Module, src: torch.nn.Module) -> None:
 
 
 def multi(tp: Any, gen: torch.Generator) -> None:
-    state = whole_state(gen, tp)
+    state = whole_state(tp)
     for rname in ("bf16", "fp8-current"):
         recipe = RECIPES[rname]
         ub = make_ub(tp, recipe is not None)
@@ -228,7 +228,7 @@ def multi(tp: Any, gen: torch.Generator) -> None:
 
 
 def fused(tp: Any, gen: torch.Generator) -> None:
-    state = whole_state(gen, tp)
+    state = whole_state(tp)
     ub = make_ub(tp, False)
     eager = build(tp, ub, None, state, fuse_wgrad_accumulation=True)
     graphed = build(tp, ub, None, state, fuse_wgrad_accumulation=True)
@@ -255,7 +255,7 @@ def accumulate(tp: Any, gen: torch.Generator) -> None:
     """Two micro-batches accumulate into ``.grad`` (no zeroing between): the graphed layer's
     gradients are the eager twin's, i.e. the second replay did not overwrite the first
     micro-batch's gradients in ``.grad``."""
-    state = whole_state(gen, tp)
+    state = whole_state(tp)
     ub = make_ub(tp, False)
     eager, graphed = build(tp, ub, None, state), build(tp, ub, None, state)
     data = inputs(tp, gen, 3)
@@ -270,7 +270,7 @@ def accumulate(tp: Any, gen: torch.Generator) -> None:
 
 
 def guards(tp: Any, gen: torch.Generator) -> None:
-    state = whole_state(gen, tp)
+    state = whole_state(tp)
     ub = make_ub(tp, True)
     layer = build(tp, ub, None, state)
     x, dy = inputs(tp, gen, 1)[0]
