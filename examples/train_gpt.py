@@ -44,6 +44,7 @@ from overlap.layers import (
     all_reduce_grad,
     fp8_autocast,
     make_graphed_callables,
+    release_graphs,
 )
 from overlap.layers import reference as ref
 
@@ -267,6 +268,8 @@ def main() -> None:
             print(line, flush=True)
     if reference is not None and rank == 0:
         print(f"largest relative loss difference to one process: {worst:.4f}", flush=True)
+    if args.cuda_graph:  # NCCL's teardown waits for graphs holding its collectives
+        release_graphs(model)
     if ub is not None:
         ub.destroy()
     dist.barrier()

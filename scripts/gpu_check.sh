@@ -13,7 +13,7 @@
 # STEP_TIMEOUT_S=900), graphs-cuda (CUDA graphs of comm ops), layers-cuda and layers-bench
 # (the tensor-parallel layers' multi-rank tests and benchmark on all local GPUs;
 # layer-graphs-cuda: the layers replayed as CUDA graphs against eager; examples-cuda: the GPT
-# example with graphed layers against one process;
+# example on the GPUs, eager and with graphed layers, against one process;
 # LAYERS_BENCH_ARGS adds options, e.g. "--full"), transformer-bench (one transformer layer
 # against the peers; TRANSFORMER_BENCH_ARGS adds options), soak-cuda (10,000 random ops with
 # stalls and a killed rank), abort-cuda (abort() ends a GPU wait), sanitizer
@@ -65,7 +65,7 @@ for s in "${STEPS[@]}"; do
     ops-cuda) step ops ops.log "${PYTEST[@]}" tests/distributed/test_overlap_ops.py -k cuda ;;
     layers-cuda) step layers layers.log "${PYTEST[@]}" tests/distributed/test_layers.py -k cuda ;;
     layer-graphs-cuda) step lgraphs layergraphs.log "${PYTEST[@]}" tests/distributed/test_layer_graphs.py ;;
-    examples-cuda) step examples examples.log "${PYTEST[@]}" tests/distributed/test_examples.py -k graphed ;;
+    examples-cuda) step examples examples.log "${PYTEST[@]}" tests/distributed/test_examples.py -k on_gpus ;;
     transformer-bench)
       step transf transformerbench.log "$PY" -m benchmarks.transformer --launch \
         "$(nvidia-smi -L | wc -l)" --cuda --out "$LOG" ${TRANSFORMER_BENCH_ARGS:-} ;;

@@ -61,6 +61,7 @@ class CudaGraph:
         self._stream: Any = None
         self._instantiated = False
         self._touched: list[tuple[Any, int]] = []  # (weakref to a buffer, its generation)
+        self._reset = False
 
     @property
     def torch_graph(self) -> Any:
@@ -87,7 +88,7 @@ class CudaGraph:
         """
         import torch
 
-        if self._log is not None:
+        if self._log is not None or self._reset:
             raise StateError("this CudaGraph was already captured; create a new one")
         before = {id(b): b.generation for b in live_buffers()}
         with torch.cuda.graph(self._graph, pool=self._pool, stream=stream):
@@ -115,6 +116,8 @@ class CudaGraph:
         """
         import torch
 
+        if self._reset:
+            raise StateError("CudaGraph.replay() after reset(): capture a new graph")
         if self._log is None:
             raise StateError("CudaGraph.replay() before capture()")
         if not self._instantiated:
@@ -131,3 +134,18 @@ class CudaGraph:
             buf = ref()
             if buf is not None:
                 buf.note_replay(captured)
+
+    def reset(self) -> None:
+        """Free the graph and its captured ops now, without waiting for garbage collection.
+
+        NCCL's communicator teardown (``torch.distributed.destroy_process_group``) waits until
+        every graph that captured one of its collectives is destroyed: free such graphs first
+        (NOTE [graph teardown] in ``overlap/layers/graphs.py``). Idempotent; the graph cannot
+        be replayed afterwards (StateError).
+        """
+        if self._reset:
+            return
+        self._reset = True
+        self._graph.reset()
+        self._log = None
+        self._touched = []

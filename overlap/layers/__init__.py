@@ -9,6 +9,7 @@
 * FP8: :class:`Fp8Recipe`, :func:`fp8_autocast` (:mod:`overlap.layers.fp8`);
 * :func:`make_graphed_callables`: a layer's forward and backward captured as CUDA graphs and
   replayed (a step issued without Python, NOTE [graphed layers] in :mod:`overlap.layers.graphs`);
+  :func:`release_graphs` frees them before the process group is destroyed;
 * :func:`all_reduce_grad`: for a model's own replicated parameters applied to this rank's
   tokens (an embedding, a final norm): their gradients summed over the TP group.
 
@@ -22,7 +23,7 @@ overlap). The schedule, the saved tensors and the FP8 recipe are described in do
 from overlap.layers._functions import all_reduce_grad
 from overlap.layers._tp import TensorParallelGroup
 from overlap.layers.fp8 import Fp8Recipe, Fp8Scaling, fp8_autocast, fp8_recipe
-from overlap.layers.graphs import make_graphed_callables
+from overlap.layers.graphs import make_graphed_callables, release_graphs
 from overlap.layers.layernorm import Activation, LayerNormLinear, LayerNormMLP, Normalization
 from overlap.layers.linear import ColumnParallelLinear, RowParallelLinear
 from overlap.layers.transformer import TransformerLayer
@@ -42,4 +43,5 @@ __all__ = [
     "fp8_autocast",
     "fp8_recipe",
     "make_graphed_callables",
+    "release_graphs",
 ]

@@ -46,6 +46,17 @@ NOTE [graphed layers]: what a replay may and may not assume.
 
 Verdict: graphed, a layer step costs one replay per direction on the host, whatever its
 kernel count; what it may not do is checked, not assumed.
+
+NOTE [graph teardown]: a graph that captured an NCCL collective (the norm weights' gradient
+all-reduce of a sequence-parallel layer, FP8 amax reductions, the ``ub=None`` path) holds a
+reference on NCCL's communicator, and NCCL's teardown
+(``torch.distributed.destroy_process_group``) waits until every such graph is destroyed: with
+a graphed module still alive it never returns (seen on 4 GPUs at the end of the GPT example).
+The module holds its graphs, so freeing the model frees them, but a model referenced anywhere
+(an optimizer's closure, a traceback, a reference cycle awaiting the collector) keeps them
+alive. :func:`release_graphs` frees them at once and makes the modules eager again; call it
+before destroying the process group (and before ``Userbuffers.destroy()``, whose buffers the
+graphs use). Verdict: teardown is explicit, and the one call that makes it safe is public.
 """
 
 from __future__ import annotations
@@ -65,7 +76,7 @@ from overlap.layers import fp8 as _fp8
 from overlap.layers._tp import TensorParallelGroup
 from overlap.layers.fp8 import Fp8Recipe, fp8_autocast
 
-__all__ = ["make_graphed_callables"]
+__all__ = ["make_graphed_callables", "release_graphs"]
 
 
 @dataclass
@@ -302,6 +313,10 @@ def make_graphed_callables(
         )
         with st.bwd.capture():
             st.grad_inputs = _backward_once(st.outputs, st.inputs, st.params, st.grad_outputs)
+        # The static outputs keep their memory but drop the capture's autograd graph: its
+        # AccumulateGrad nodes, bound to the capture stream, would otherwise stay the
+        # parameters' and receive every later gradient on that stream (extra syncs).
+        st.outputs = tuple(o.detach() for o in st.outputs)
     torch.cuda.synchronize()
 
     for m, st in zip(mods, states, strict=True):
@@ -444,3 +459,51 @@ def _check_replay(st: _Captured, module: torch.nn.Module, args: tuple[Any, ...])
             "return wrong gradients. Run the backward first (or drop the earlier output), or "
             "graph one copy of the module per micro-batch in flight"
         )
+
+
+def release_graphs(modules: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
+    """Free the CUDA graphs of every graphed module in ``modules`` (and their submodules) and
+    make them run eagerly again (NOTE [graph teardown]).
+
+    Call it before ``torch.distributed.destroy_process_group()``: NCCL's teardown waits for
+    every graph that captured one of its collectives. The modules may be graphed again
+    afterwards. Modules that are not graphed are left as they are.
+
+    Args:
+        modules: a module (e.g. the whole model) or a list or tuple of modules.
+
+    Raises:
+        InvalidArgumentError: ``modules`` is not a module or a list or tuple of them.
+        StateError: a graphed module's forward was replayed and its backward has not run yet
+            (its graphs are still needed); nothing is released then.
+    """
+    if isinstance(modules, torch.nn.Module):
+        roots: list[torch.nn.Module] = [modules]
+    elif isinstance(modules, (list, tuple)) and all(
+        isinstance(m, torch.nn.Module) for m in modules
+    ):
+        roots = list(modules)
+    else:
+        raise InvalidArgumentError(
+            "release_graphs: modules must be a torch.nn.Module or a list or tuple of them, got "
+            f"{type(modules).__name__}"
+        )
+    graphed: dict[int, torch.nn.Module] = {}
+    for root in roots:
+        for sub in root.modules():
+            if getattr(sub, "_overlap_graphed", None) is not None:
+                graphed[id(sub)] = sub
+    for sub in graphed.values():  # check all before releasing any
+        st: _Captured = sub._overlap_graphed  # type: ignore[assignment]
+        if st.in_flight is not None and st.in_flight() is not None:
+            raise StateError(
+                f"release_graphs: {st.name}'s forward was replayed and its backward has not run; "
+                "run the backward (or drop that output) first"
+            )
+    for sub in graphed.values():
+        st = sub._overlap_graphed  # type: ignore[assignment]
+        del sub.forward  # the instance attribute _install set: the class's eager forward again
+        sub._overlap_graphed = None  # type: ignore[assignment]
+        st.fwd.reset()
+        st.bwd.reset()
+        st.outputs = st.grad_outputs = st.grad_inputs = st.keep = ()

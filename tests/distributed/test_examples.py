@@ -46,13 +46,14 @@ def _train_gpt_against_one_process(nprocs: int, flags: list[str], env: dict[str,
         env={"PYTHONPATH": str(REPO_ROOT), **env}, mpirun=mpirun,
     )  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, f"{format_command(cmd)}\n{out[-3000:]}"
-    losses = [float(v) for v in re.findall(r"step +\d+: loss ([0-9.]+)", out)]
-    diff = re.search(r"largest relative loss difference to one process: ([0-9.]+)", out)
+    # The step lines first (stdout), then the end of stderr: the losses stay in the message.
+    out = f"{done.stdout[-4000:]}\n--- stderr:\n{done.stderr[-2000:]}"
+    assert done.returncode == 0, f"{format_command(cmd)}\n{out}"
+    losses = [float(v) for v in re.findall(r"step +\d+: loss ([0-9.]+)", done.stdout)]
+    diff = re.search(r"largest relative loss difference to one process: ([0-9.]+)", done.stdout)
     steps = int(flags[flags.index("--steps") + 1])
-    assert diff is not None and len(losses) == steps, out[-3000:]
-    assert float(diff.group(1)) < 0.02, out[-3000:]
+    assert diff is not None and len(losses) == steps, out
+    assert float(diff.group(1)) < 0.02, out
     assert min(losses[-3:]) < losses[0], f"the loss did not fall: {losses}"
 
 
@@ -69,14 +70,25 @@ def test_train_gpt_matches_one_process(nprocs: int, flags: list[str]) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_train_gpt_with_graphed_layers_matches_one_process(fp8: bool) -> None:
-    """GPUs: the GPT with its layers replayed as CUDA graphs (``--cuda-graph``, one per
-    visible GPU, up to 4) trains like the same model on one process, as the eager one does."""
+@pytest.mark.parametrize(
+    ("graphed", "fp8"),
+    [(False, False), (True, False), (True, True)],
+    ids=["eager-bf16", "graphed-bf16", "graphed-fp8"],
+)
+def test_train_gpt_on_gpus_matches_one_process(graphed: bool, fp8: bool) -> None:
+    """GPUs: the GPT on every visible GPU (up to 4; TP over them, userbuffers), eagerly or with
+    its layers replayed as CUDA graphs (``--cuda-graph``), trains like the same model on one
+    process: 20 steps of losses within 2%, the loss falls, and it exits (NOTE [graph
+    teardown])."""
     from tests.conftest import gpu_count
 
     n = min(gpu_count(), 4)
     if n < 2:
         pytest.skip(f"needs 2 GPUs, {gpu_count()} visible")
-    flags = ["--cuda-graph", "--steps", "20", "--hidden", "1024", "--heads", "16", "--seq", "1024"]
+    # lr 5e-4: at the example's 3e-3 a model this wide diverges in its first steps (the loss
+    # rose from 10.56 to 11.26 in 4 steps on 4 GPUs), and bf16 rounding then grows into a few
+    # percent of loss between any two runs, graphed or not.
+    flags = ["--steps", "20", "--hidden", "1024", "--heads", "16", "--seq", "1024",
+             "--lr", "5e-4", "--vocab", "4096"]  # fmt: skip
+    flags += ["--cuda-graph"] if graphed else []
     _train_gpt_against_one_process(n, flags + (["--fp8"] if fp8 else []), {})

@@ -59,3 +59,65 @@ def test_without_cuda_the_error_says_so_and_leaves_the_module_alone() -> None:
     with pytest.raises(UnsupportedHardwareError, match="CUDA device"):
         make_graphed_callables(m, (torch.ones(2, 4),))
     assert m.forward == forward and getattr(m, "_overlap_graphed", None) is None
+
+
+class _FakeGraph:
+    """Stands in for overlap.comm.CudaGraph (CPU): records reset()."""
+
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+def _fake_graphed(module: torch.nn.Module, in_flight: object = None):
+    """``module`` as make_graphed_callables leaves it (a replaying forward and its state),
+    with fake graphs: what release_graphs reads and undoes."""
+    from overlap.layers.graphs import _Captured
+
+    st = _Captured(
+        name=f"{type(module).__name__}#0", fwd=_FakeGraph(), bwd=_FakeGraph(), inputs=(),
+        params=(), param_ptrs=(), training=True, recipe=None,
+    )  # fmt: skip
+    if in_flight is not None:
+        st.in_flight = lambda: in_flight
+    module.forward = lambda *a: "replayed"  # type: ignore[method-assign]
+    module._overlap_graphed = st  # type: ignore[assignment]
+    return st
+
+
+def test_release_graphs_frees_the_graphs_and_makes_the_modules_eager() -> None:
+    from overlap.layers import release_graphs
+
+    model = torch.nn.Sequential(_module(), torch.nn.ReLU(), _module())
+    states = [_fake_graphed(model[0]), _fake_graphed(model[2])]
+    x = torch.ones(2, 4)
+    assert model[0](x) == "replayed"
+    release_graphs(model)  # the whole model: its graphed submodules are found
+    for m, st in zip((model[0], model[2]), states, strict=True):
+        assert m._overlap_graphed is None and "forward" not in vars(m)
+        assert (st.fwd.resets, st.bwd.resets) == (1, 1)
+    assert torch.equal(model(x), model[2](model[1](model[0](x))))  # eager
+    release_graphs([model[0]])  # no longer graphed: nothing to do
+    assert states[0].fwd.resets == 1
+
+
+def test_release_graphs_refuses_while_a_backward_is_due_and_releases_nothing() -> None:
+    from overlap.errors import StateError
+    from overlap.layers import release_graphs
+
+    a, b = _module(), _module()
+    st_a = _fake_graphed(a)
+    _fake_graphed(b, in_flight=object())
+    with pytest.raises(StateError, match="backward has not run"):
+        release_graphs([a, b])
+    assert a._overlap_graphed is st_a and st_a.fwd.resets == 0
+
+
+@pytest.mark.parametrize("bad", ["model", [torch.nn.Linear(2, 2), 3], None])
+def test_release_graphs_argument_must_be_modules(bad) -> None:
+    from overlap.layers import release_graphs
+
+    with pytest.raises(InvalidArgumentError, match="release_graphs"):
+        release_graphs(bad)

@@ -31,7 +31,13 @@ import torch
 
 import overlap
 from overlap.errors import ConfigError, InvalidArgumentError, StateError
-from overlap.layers import Fp8Recipe, TransformerLayer, fp8_autocast, make_graphed_callables
+from overlap.layers import (
+    Fp8Recipe,
+    TransformerLayer,
+    fp8_autocast,
+    make_graphed_callables,
+    release_graphs,
+)
 
 H, FFN, HEADS, GROUPS, D = 64, 128, 8, 4, 8  # GQA, heads divisible by TP 4
 SEQ, B = 32, 2
@@ -301,6 +307,20 @@ def guards(tp: Any, gen: torch.Generator) -> None:
     layer(x).backward(dy)
     _worker.expect_raises(StateError, "already graphed",
                           lambda: make_graphed_callables(layer, (x,)))  # fmt: skip
+    # NOTE [graph teardown]: not while a backward is due; then eager again, and graphable again.
+    y = layer(x.clone().requires_grad_())
+    _worker.expect_raises(StateError, "backward has not run", lambda: release_graphs([layer]))
+    y.backward(dy)
+    graphs = (layer._overlap_graphed.fwd, layer._overlap_graphed.bwd)
+    release_graphs(layer)
+    assert layer._overlap_graphed is None and "forward" not in vars(layer)
+    for g in graphs:
+        _worker.expect_raises(StateError, "after reset", g.replay)
+    with fp8_autocast(Fp8Recipe()):
+        layer(x.clone().requires_grad_()).backward(dy)  # eager
+    make_graphed_callables(layer, (x.clone().requires_grad_(),), fp8_recipe=Fp8Recipe())
+    layer(x.clone().requires_grad_()).backward(dy)
+    release_graphs([layer])
     on_gloo = TransformerLayer(
         H, FFN, HEADS, num_query_groups=GROUPS, head_dim=D, tp_group=tp.bootstrap.group,
         params_dtype=torch.bfloat16, device=dev(),
