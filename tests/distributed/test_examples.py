@@ -72,8 +72,8 @@ def test_train_gpt_matches_one_process(nprocs: int, flags: list[str]) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     ("graphed", "fp8"),
-    [(False, False), (True, False), (True, True)],
-    ids=["eager-bf16", "graphed-bf16", "graphed-fp8"],
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["eager-bf16", "eager-fp8", "graphed-bf16", "graphed-fp8"],
 )
 def test_train_gpt_on_gpus_matches_one_process(graphed: bool, fp8: bool) -> None:
     """GPUs: the GPT on every visible GPU (up to 4; TP over them, userbuffers), eagerly or with
