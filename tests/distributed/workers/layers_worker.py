@@ -112,7 +112,7 @@ def _mlp_state(g: torch.Generator, gated: bool) -> dict[str, torch.Tensor]:
     }
 
 
-HEADS, GROUPS = 8, 4  # grouped-query attention, head_dim 4: TP up to 4
+HEADS, GROUPS = 8, 4  # grouped-query attention, head_dim 4: TP up to 4 (main() widens for 8)
 
 
 def _transformer_state(g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -136,71 +136,76 @@ def _seq_reference(x: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Ten
     return y if x.dim() == 3 else y.squeeze(1)
 
 
-KINDS = {
-    "column": Kind(
-        "column",
-        lambda **kw: ColumnParallelLinear(H, N, gemm="qkv", **kw),
-        _linear_state(N, H),
-        ref.linear,
-        H,
-        "rows",
-        "cols",
-    ),
-    "row": Kind(
-        "row",
-        lambda **kw: RowParallelLinear(N, H, gemm="proj", **kw),
-        _linear_state(H, N),
-        ref.linear,
-        N,
-        "cols",
-        "rows",
-    ),
-    "ln_linear": Kind(
-        "ln_linear",
-        lambda **kw: LayerNormLinear(H, N, gemm="qkv", **kw),
-        lambda g: {**_norm_state(g, False), **_linear_state(N, H)(g)},
-        lambda x, s: ref.layernorm_linear(x, s, "LayerNorm"),
-        H,
-        "rows",
-        "cols",
-    ),
-    "rms_linear": Kind(
-        "rms_linear",
-        lambda **kw: LayerNormLinear(H, N, gemm="fc1", normalization="RMSNorm", **kw),
-        lambda g: {**_norm_state(g, True), **_linear_state(N, H)(g)},
-        lambda x, s: ref.layernorm_linear(x, s, "RMSNorm"),
-        H,
-        "rows",
-        "cols",
-    ),
-    "mlp_gelu": Kind(
-        "mlp_gelu",
-        lambda **kw: LayerNormMLP(H, FFN, activation="gelu", **kw),
-        lambda g: _mlp_state(g, False),
-        lambda x, s: ref.layernorm_mlp(x, s, "gelu"),
-        H,
-        "rows",
-        "rows",
-    ),
-    "transformer": Kind(
-        "transformer",
-        lambda **kw: TransformerLayer(H, FFN, HEADS, num_query_groups=GROUPS, **kw),
-        _transformer_state,
-        _seq_reference,
-        H,
-        "rows",
-        "rows",
-    ),
-    "mlp_swiglu": Kind(
-        "mlp_swiglu",
-        lambda **kw: LayerNormMLP(H, FFN, activation="swiglu", **kw),
-        lambda g: _mlp_state(g, True),
-        lambda x, s: ref.layernorm_mlp(x, s, "swiglu"),
-        H,
-        "rows",
-        "rows",
-    ),
-}
+def _kinds() -> dict[str, Kind]:
+    """The modules under test at the current dims (main() widens them for TP 8)."""
+    return {
+        "column": Kind(
+            "column",
+            lambda **kw: ColumnParallelLinear(H, N, gemm="qkv", **kw),
+            _linear_state(N, H),
+            ref.linear,
+            H,
+            "rows",
+            "cols",
+        ),
+        "row": Kind(
+            "row",
+            lambda **kw: RowParallelLinear(N, H, gemm="proj", **kw),
+            _linear_state(H, N),
+            ref.linear,
+            N,
+            "cols",
+            "rows",
+        ),
+        "ln_linear": Kind(
+            "ln_linear",
+            lambda **kw: LayerNormLinear(H, N, gemm="qkv", **kw),
+            lambda g: {**_norm_state(g, False), **_linear_state(N, H)(g)},
+            lambda x, s: ref.layernorm_linear(x, s, "LayerNorm"),
+            H,
+            "rows",
+            "cols",
+        ),
+        "rms_linear": Kind(
+            "rms_linear",
+            lambda **kw: LayerNormLinear(H, N, gemm="fc1", normalization="RMSNorm", **kw),
+            lambda g: {**_norm_state(g, True), **_linear_state(N, H)(g)},
+            lambda x, s: ref.layernorm_linear(x, s, "RMSNorm"),
+            H,
+            "rows",
+            "cols",
+        ),
+        "mlp_gelu": Kind(
+            "mlp_gelu",
+            lambda **kw: LayerNormMLP(H, FFN, activation="gelu", **kw),
+            lambda g: _mlp_state(g, False),
+            lambda x, s: ref.layernorm_mlp(x, s, "gelu"),
+            H,
+            "rows",
+            "rows",
+        ),
+        "transformer": Kind(
+            "transformer",
+            lambda **kw: TransformerLayer(H, FFN, HEADS, num_query_groups=GROUPS, **kw),
+            _transformer_state,
+            _seq_reference,
+            H,
+            "rows",
+            "rows",
+        ),
+        "mlp_swiglu": Kind(
+            "mlp_swiglu",
+            lambda **kw: LayerNormMLP(H, FFN, activation="swiglu", **kw),
+            lambda g: _mlp_state(g, True),
+            lambda x, s: ref.layernorm_mlp(x, s, "swiglu"),
+            H,
+            "rows",
+            "rows",
+        ),
+    }
+
+
+KINDS = _kinds()
 
 
 def shard(t: torch.Tensor, how: str, tp: int, rank: int) -> torch.Tensor:
@@ -665,7 +670,9 @@ def negative(tp: Any, gen: torch.Generator) -> None:
     x_odd = torch.randn(tokens + 1, N // tp.size, device=DEVICE)
     _worker.expect_raises(InvalidArgumentError, "multiple of it", lambda: row(x_odd))
     _worker.expect_raises(
-        InvalidArgumentError, "must be [tokens, 32]", lambda: col(torch.randn(4, 7, device=DEVICE))
+        InvalidArgumentError,
+        f"must be [tokens, {H}]",
+        lambda: col(torch.randn(4, 7, device=DEVICE)),
     )
     big = torch.randn(tokens, H, device=DEVICE)  # tp * tokens rows gathered: over the size
     _worker.expect_raises(
@@ -769,9 +776,15 @@ def _compiled(tp: Any, gen: torch.Generator, handle: Any, tokens: int) -> None:
 
 
 def main() -> None:
-    global DEVICE, TRANSPORT
+    global DEVICE, TRANSPORT, H, N, FFN, HEADS, GROUPS
     s = _worker.setup(sys.argv)
     DEVICE, TRANSPORT = s.device, s.transport
+    if s.tp.size > 4:
+        # TP 8 (issue 33): every shard still 16 bytes wide at least (FP8 GEMMs' leading
+        # dimensions), and as many key/value heads as ranks.
+        H, N, FFN = 64, 128, 128
+        HEADS, GROUPS = 16, 8
+        KINDS.update(_kinds())
     scenarios = {
         "modules": modules,
         "switches": switches,
