@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> None:
                 ub = overlap.initialize_ub(
                     (tokens, dims[0]), dist.group.WORLD, torch.bfloat16, use_fp8=fp8,
                     transport="cuda" if cuda else "host", register=False,
+                    shape_plans=args.shape_plans,
                 )  # fmt: skip
                 for module in modules:
                     row: dict[str, Any] = {
@@ -167,6 +168,7 @@ def run(args: argparse.Namespace) -> None:
                         row[f"peak_mb_{name}"] = max_over_ranks(_peak(cuda) / 2**20)
                         del layer
                     row["speedup"] = row["ms_none"] / row["ms_ub"]
+                    row["shape_plans"] = ub.plans.describe()[1:]  # the handle's, so far
                     if "ms_ub_graph" in row:
                         row["speedup_graph"] = row["ms_none_graph"] / row["ms_ub_graph"]
                     row["tokens_per_s_ub"] = tokens / row["ms_ub"] * 1e3
@@ -315,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         "--graph", action="store_true",
         help="GPUs: also each module with its forward and backward replayed as CUDA graphs "
         "(overlap.layers.make_graphed_callables), with userbuffers and with ub=None",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shape-plans", default="always", choices=("always", "measured"),
+        help="initialize_ub(shape_plans=...) of ours: 'measured' times each forward GEMM "
+        "shape's overlap op against the sequential path at its first call and keeps the "
+        "faster (NOTE [shape plans]); the decisions go to the JSON rows (shape_plans)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.launch:

@@ -316,6 +316,7 @@ def run(args: argparse.Namespace) -> None:
                 ub = overlap.initialize_ub(
                     (tokens, dims[0]), dist.group.WORLD, torch.bfloat16, use_fp8=fp8,
                     transport="cuda" if cuda else "host", register=False,
+                    shape_plans=args.shape_plans,
                 )  # fmt: skip
                 row["ub_bytes"] = ub.total_bytes
                 reasons: dict[str, str] = {}
@@ -389,6 +390,7 @@ def run(args: argparse.Namespace) -> None:
                     })  # fmt: skip
                     row["trace"] = {k: v for k, v in traced.items() if k != "file"}
                     row["trace_file"] = traced["file"]
+                row["shape_plans"] = ub.plans.describe()[1:]
                 gc.collect()  # free graphed layers (--graph) before the buffers their graphs use
                 ub.destroy()
                 reasons["te"] = te_reason or ""
@@ -573,6 +575,12 @@ def main(argv: list[str] | None = None) -> int:
         "--host-profile", action="store_true",
         help="after each row, cProfile 5 steps of ours and of ub=None on every rank; rank 0's "
         "profile goes to OUT/host_profile-<row>-<column>.txt (where the host time goes)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shape-plans", default="always", choices=("always", "measured"),
+        help="initialize_ub(shape_plans=...) of ours: 'measured' times each forward GEMM "
+        "shape's overlap op against the sequential path at its first call and keeps the "
+        "faster (NOTE [shape plans]); the decisions go to the JSON rows (shape_plans)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     unknown = sorted(set(filter(None, args.columns.split(","))) - {*COLUMNS, *GRAPHED})

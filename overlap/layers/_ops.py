@@ -44,6 +44,7 @@ from overlap.quantization import (
     ScalingMode,
     transpose_fp8,
 )
+from overlap.ub import PlanPolicy, ShapeKey
 
 __all__ = [
     "column_backward",
@@ -85,6 +86,30 @@ def _transpose(t: torch.Tensor) -> torch.Tensor:
     return t.t().contiguous()
 
 
+def _runs_op(
+    tp: TensorParallelGroup,
+    name: str,
+    shape: tuple[int, int, int],
+    x: torch.Tensor,
+    *,
+    run_op: Any,
+    run_sequential: Any,
+) -> bool:
+    """Whether this call of GEMM ``name`` (``shape`` = M, K, N; ``x`` its input) runs its
+    overlap op or the sequential path: the handle's plan for the shape (NOTE [shape plans] in
+    ``overlap/ub/plans.py``); under the default policy always the op, at no cost."""
+    plans = tp.userbuffers(name).plans
+    if plans.policy is PlanPolicy.ALWAYS:
+        return True
+    return plans.choose(
+        ShapeKey(name, *shape, _is_fp8(x)),
+        run_op,
+        run_sequential,
+        lambda values: tp.all_reduce_max(values, x.device),
+        cuda=x.device.type == "cuda",
+    )
+
+
 def _check_tokens(tp: TensorParallelGroup, tokens: int, what: str) -> None:
     ub = tp.ub
     if ub is not None and tokens > ub.config.tokens:
@@ -114,25 +139,36 @@ def _column_forward(  # noqa: PLR0917 (a schema is positional)
     """``Y [tp*m, N] = AllGather(x [m, K]) @ weight[N, K]^T (+ bias)``."""
     tp = lookup_group(group_id)
     _check_tokens(tp, tp.size * x.shape[0], f"{gemm_name} forward")
-    if overlap:
-        op = tp.userbuffers(f"{gemm_name}_fprop").get(f"{gemm_name}_fprop")
-        return op(
-            _operand(x, x_scale_inv),
-            _operand(weight, weight_scale_inv),
+
+    def sequential() -> torch.Tensor:
+        x_full = tp.all_gather_rows(x)
+        return gemm(
+            x_full,
+            weight,
+            transb=True,
             bias=bias,
             out_dtype=out_dtype,
-            keep_gathered=False,
+            a_scale_inv=x_scale_inv,
+            b_scale_inv=weight_scale_inv,
         )
-    x_full = tp.all_gather_rows(x)
-    return gemm(
-        x_full,
-        weight,
-        transb=True,
-        bias=bias,
-        out_dtype=out_dtype,
-        a_scale_inv=x_scale_inv,
-        b_scale_inv=weight_scale_inv,
-    )
+
+    if overlap:
+        name = f"{gemm_name}_fprop"
+        op = tp.userbuffers(name).get(name)
+
+        def overlapped() -> torch.Tensor:
+            return op(
+                _operand(x, x_scale_inv),
+                _operand(weight, weight_scale_inv),
+                bias=bias,
+                out_dtype=out_dtype,
+                keep_gathered=False,
+            )
+
+        shape = (tp.size * x.shape[0], x.shape[1], weight.shape[0])
+        if _runs_op(tp, name, shape, x, run_op=overlapped, run_sequential=sequential):
+            return overlapped()
+    return sequential()
 
 
 column_forward = torch.library.custom_op(
@@ -291,26 +327,37 @@ def _row_forward(  # noqa: PLR0917 (a schema is positional)
             f"{gemm_name} forward: {x.shape[0]} tokens do not split over the TP size "
             f"{tp.size}; the tokens of a row-parallel layer must be a multiple of it"
         )
+
+    def sequential() -> torch.Tensor:
+        partial = gemm(
+            x,
+            weight,
+            transb=True,
+            out_dtype=out_dtype,
+            a_scale_inv=x_scale_inv,
+            b_scale_inv=weight_scale_inv,
+        )
+        return tp.reduce_scatter_rows(partial)
+
     if overlap:
-        op = tp.userbuffers(f"{gemm_name}_fprop").get(f"{gemm_name}_fprop")
+        name = f"{gemm_name}_fprop"
+        op = tp.userbuffers(name).get(name)
         if op.out_dtype != out_dtype:
             from overlap.errors import ConfigError
 
             raise ConfigError(
-                f"{gemm_name}_fprop: the userbuffers reduce-scatter {op.out_dtype} but the "
+                f"{name}: the userbuffers reduce-scatter {op.out_dtype} but the "
                 f"layer outputs {out_dtype}; initialize_ub(dtype=...) must be the layer's "
                 "activation dtype"
             )
-        return op(_operand(x, x_scale_inv), _operand(weight, weight_scale_inv))
-    partial = gemm(
-        x,
-        weight,
-        transb=True,
-        out_dtype=out_dtype,
-        a_scale_inv=x_scale_inv,
-        b_scale_inv=weight_scale_inv,
-    )
-    return tp.reduce_scatter_rows(partial)
+
+        def overlapped() -> torch.Tensor:
+            return op(_operand(x, x_scale_inv), _operand(weight, weight_scale_inv))
+
+        shape = (x.shape[0], x.shape[1], weight.shape[0])
+        if _runs_op(tp, name, shape, x, run_op=overlapped, run_sequential=sequential):
+            return overlapped()
+    return sequential()
 
 
 row_forward = torch.library.custom_op("overlap::row_forward", _row_forward, mutates_args=())

@@ -147,6 +147,17 @@ class TensorParallelGroup:
         scatter(out, x, op=dist.ReduceOp.SUM, group=self.group)
         return out
 
+    def all_reduce_max(self, values: list[float], device: torch.device) -> list[float]:
+        """The element-wise maximum over ranks of ``values`` (a tensor on ``device`` for the
+        group's backend; NOTE [shape plans])."""
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        if self.size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [float(v) for v in t.tolist()]
+
     def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of ``x``, a new tensor."""
         import torch.distributed as dist

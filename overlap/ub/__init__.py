@@ -13,7 +13,9 @@ objects of the standard GEMM names (``qkv``/``proj``/``fc1``/``fc2`` x ``fprop``
 * :mod:`~overlap.ub.te_dict`: TransformerEngine ``ub_cfgs`` dicts
   (:meth:`UbConfig.from_te_dict`);
 * :mod:`~overlap.ub.handle`: :class:`Userbuffers`, :func:`initialize_ub` and the default
-  registry (NOTE [ub buffer sharing], NOTE [ub environment]).
+  registry (NOTE [ub buffer sharing], NOTE [ub environment]);
+* :mod:`~overlap.ub.plans`: :class:`ShapePlans`, whether each GEMM shape runs its overlap op
+  or the sequential path (:class:`PlanPolicy`, NOTE [shape plans]).
 
 Every tuning default and limit is the C++ core's (NOTE [overlap defaults] in
 ``csrc/comm/overlap/overlap_ops.h``; the TP 2 ones: NOTE [ub tp 2] in
@@ -41,6 +43,7 @@ from overlap.ub.names import (
     allowed_methods,
     default_method,
 )
+from overlap.ub.plans import PlanPolicy, ShapeKey, ShapePlan, ShapePlans
 
 __all__ = [
     "GEMM_NAMES",
@@ -53,8 +56,12 @@ __all__ = [
     "NoOverlapConfig",
     "OverlapMethod",
     "PipelineRsConfig",
+    "PlanPolicy",
     "RingAgConfig",
     "RingRsConfig",
+    "ShapeKey",
+    "ShapePlan",
+    "ShapePlans",
     "UbConfig",
     "Userbuffers",
     "allowed_methods",

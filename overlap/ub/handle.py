@@ -74,6 +74,7 @@ from overlap.errors import ConfigError, StateError
 from overlap.ub import te_dict
 from overlap.ub.config import GEMM_ENTRIES, GemmOverlapConfig, MethodConfig, UbConfig
 from overlap.ub.names import GEMM_NAMES, GEMM_RS, OverlapMethod, check_name
+from overlap.ub.plans import PlanPolicy, ShapePlans
 
 if TYPE_CHECKING:
     import torch
@@ -208,16 +209,23 @@ class Userbuffers:
         config: the validated :class:`~overlap.ub.UbConfig` it was given.
         comm: the TP group's :class:`~overlap.comm.Communicator`.
         tp: the TP size.
+        plans: the :class:`~overlap.ub.ShapePlans` of its GEMM calls by shape: whether a
+            layer's call of a given shape runs the overlap op or the sequential path (NOTE
+            [shape plans]).
     """
 
-    def __init__(self, config: UbConfig, comm: Communicator) -> None:
+    def __init__(
+        self, config: UbConfig, comm: Communicator, plans: ShapePlans | None = None
+    ) -> None:
         """COLLECTIVE over ``comm``'s group: create the buffer, its windows and the op objects.
-        Takes ownership of ``comm`` (:meth:`destroy` destroys it)."""
+        Takes ownership of ``comm`` (:meth:`destroy` destroys it). ``plans``: the per-shape
+        plans the layers consult (NOTE [shape plans]; default: policy ``always``)."""
         import torch
 
         self.config = config
         self.comm = comm
         self.tp = comm.group.size
+        self.plans = plans if plans is not None else ShapePlans()
         try:
             _check_tp(config, self.tp)
         except ConfigError:
@@ -324,8 +332,9 @@ class Userbuffers:
     def describe(self) -> str:
         """A table of every GEMM name's method, window and settings (the per-method config's
         ``settings``), then the buffer, its windows (byte ranges: windows of different kinds
-        share bytes, NOTE [userbuffer memory]) and the total bytes per rank against
-        ``2 * T * H * itemsize``."""
+        share bytes, NOTE [userbuffer memory]), the total bytes per rank against
+        ``2 * T * H * itemsize``, and the shape plans made so far (what each GEMM shape the
+        layers called runs, and why: NOTE [shape plans])."""
         window_of = {n: i for i, u in enumerate(self._uses) for n in u.names}
         lines = [
             f"userbuffers: tp={self.tp} tokens={self.config.tokens} hidden={self.config.hidden} "
@@ -358,6 +367,7 @@ class Userbuffers:
             f"total: {self.total_bytes} bytes per rank ({self.total_bytes / bound:.2f} x "
             f"2*T*H*{bound // (2 * self.config.tokens * self.config.hidden)} = {bound})"
         )
+        lines += self.plans.describe()
         return "\n".join(lines)
 
     def destroy(self) -> None:
@@ -412,6 +422,7 @@ def initialize_ub(
     device: int | None = None,
     mesh_dim: int | str | None = None,
     register: bool = True,
+    shape_plans: PlanPolicy | str = PlanPolicy.ALWAYS,
 ) -> Userbuffers:
     """COLLECTIVE over the TP group: build the userbuffers of a transformer layer.
 
@@ -433,6 +444,10 @@ def initialize_ub(
         device: this rank's CUDA device (cuda; default torch's current device).
         mesh_dim: the TP dimension of a DeviceMesh ``tp_group``.
         register: make the handle the default one of :func:`get_ub` / :func:`destroy_ub`.
+        shape_plans: ``"always"`` (default): the layers run every overlapped GEMM's op;
+            ``"measured"``: the first call of each GEMM shape times the op against the
+            sequential path (NCCL + cuBLASLt) on every rank and the faster runs from then on
+            (NOTE [shape plans]; forward AG+GEMM and GEMM+RS of the layers).
 
     Returns:
         the :class:`Userbuffers` handle, its defaults chosen for the group's TP size.
@@ -444,6 +459,7 @@ def initialize_ub(
     """
     if register and _REGISTRY:
         raise StateError("initialize_ub: already initialised; call destroy_ub() first")
+    plans = ShapePlans(shape_plans)  # a typed error before anything collective
     bootstrap = as_bootstrap(tp_group, mesh_dim)
     config = _make_config(
         shape,
@@ -460,7 +476,7 @@ def initialize_ub(
         transport = "cuda" if _cuda_usable() else "host"
     _check_tp(config, bootstrap.size)  # before anything collective
     comm = Communicator(bootstrap, transport, timeout_s=config.timeout_s, device=device)
-    handle = Userbuffers(config, comm)
+    handle = Userbuffers(config, comm, plans)
     if register:
         _REGISTRY["default"] = handle
     return handle

@@ -13,7 +13,7 @@ import pytest
 from tests.distributed.launcher import run_workers
 
 LAYOUTS = [(2, 2), (4, 4), (4, 2)]  # (ranks, TP size): (4, 2) is two TP groups of two
-SCENARIOS = "modules,switches,fp8,pipeline,train_eval,negative"
+SCENARIOS = "modules,switches,fp8,pipeline,train_eval,negative,plans"
 ONCE = "timeout,compile"  # one layout is enough: their subject is not the layout
 # The timeout scenario's second stage (a peer absent from the backward) once hung on cuda: the
 # watchdog released the backward's pending waits out of order and left the GPU on a wait it no

@@ -300,6 +300,58 @@ def make_ub(tp: Any, tokens: int, dtype: torch.dtype, **kw: Any) -> overlap.ub.U
     )
 
 
+def plans(tp: Any, gen: torch.Generator) -> None:
+    """NOTE [shape plans]: under the "measured" policy each forward GEMM shape is timed once
+    (the op and the sequential path, max over the group) and runs the faster path from then
+    on. The times are made up per rank here (the paths still run), so that the group maximum,
+    not a rank's own time, must decide: one rank alone finds the op slow. Every rank takes the
+    same path (no hang), the layers compute what the reference does either way, and
+    describe() lists each shape's decision."""
+    import torch.distributed as dist
+
+    import overlap.ub.plans as plans_mod
+
+    tokens = 4 * tp.size
+    real = plans_mod._mean_ms
+    for slow_rank_op in (False, True):
+        calls = []
+
+        def fake(
+            fn: Any, n: int, cuda: bool, slow: bool = slow_rank_op, calls: list = calls
+        ) -> float:
+            fn()  # the path really runs (an extra call of each op must be harmless)
+            calls.append(fn)
+            op_call = len(calls) % 2 == 1  # choose() times the op first, then the sequential
+            if op_call:
+                return 9.0 if (slow and tp.rank == tp.size - 1) else 1.0
+            return 5.0
+
+        plans_mod._mean_ms = fake
+        try:
+            ub = make_ub(tp, tokens, torch.float32, shape_plans="measured")
+            for name in ("column", "row"):
+                kind = KINDS[name]
+                layer = kind.build(tp_group=tp.group, ub=ub, device=DEVICE)
+                check_module(kind, layer, tp, tokens=tokens, dtype=torch.float32, gen=gen,
+                             what=f"plans slow_rank_op={slow_rank_op}")  # fmt: skip
+                layer.zero_grad(set_to_none=True)
+                check_module(kind, layer, tp, tokens=tokens, dtype=torch.float32, gen=gen,
+                             what=f"plans again slow_rank_op={slow_rank_op}")  # fmt: skip
+            made = ub.plans.plans()
+            assert [p.key.name for p in made] == ["qkv_fprop", "proj_fprop"], made
+            assert all(p.overlap is (not slow_rank_op) for p in made), made
+            decisions = [None] * tp.size
+            dist.all_gather_object(decisions, [(p.key, p.overlap) for p in made], group=tp.group)
+            assert all(d == decisions[0] for d in decisions), decisions
+            text = ub.describe()
+            assert "shape plans (policy measured): 2 shapes" in text, text
+            assert ("sequential (measured" in text) is slow_rank_op, text
+            assert len(calls) == 4, len(calls)  # each shape timed once: 2 shapes x 2 paths
+            ub.destroy()
+        finally:
+            plans_mod._mean_ms = real
+
+
 def modules(tp: Any, gen: torch.Generator) -> None:
     """Every module kind, with and without userbuffers, BF16 and FP32, tokens any multiple
     of the TP size (5 per rank), and sequence-first input."""
@@ -787,6 +839,7 @@ def main() -> None:
         KINDS.update(_kinds())
     scenarios = {
         "modules": modules,
+        "plans": plans,
         "switches": switches,
         "fp8": fp8,
         "pipeline": pipeline,

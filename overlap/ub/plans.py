@@ -1,0 +1,207 @@
+"""Plans by shape: whether a GEMM of a given shape runs its overlap op or the sequential path.
+
+NOTE [shape plans]: overlap does not win on every shape. Where the GEMM dwarfs the collective
+(an MLP's fc1 at large token counts: T_comm / T_gemm ~ 0.14 at TP 4), the chunked GEMMs and
+the copies beside them cost about what the collective would, and the overlap op ties with an
+all-gather (or reduce-scatter) followed by one GEMM; on other shapes it loses (small GEMMs,
+where its fixed costs exceed the collective it hides). Which side wins depends on the shape,
+the dtype, the TP size and the machine, so it is measured, not guessed: under
+:attr:`PlanPolicy.MEASURED` the first call of each ``(GEMM name, M, K, N, FP8)`` times the op
+and the layer's sequential path (NCCL collective + cuBLASLt GEMM) on every rank, takes the
+maximum over the TP group of each, and from then on runs whichever was faster (ties go to the
+op). Every rank reaches the same decision because every rank compares the same all-reduced
+numbers; a shape first met while a CUDA graph is being captured cannot be timed (no
+synchronisation in a capture), so it runs the op and says so. :attr:`PlanPolicy.ALWAYS` (the
+default) runs the op on every call, as before this note. Each decision is logged once and
+listed by :meth:`ShapePlans.describe` (and ``Userbuffers.describe()``) with its times: overlap
+never silently does not happen. Verdict: a plan never runs slower than the sequential path by
+more than the timing noise of its first call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Callable
+from typing import Any
+
+from overlap._logging import logger
+from overlap.errors import ConfigError
+
+__all__ = ["PlanPolicy", "ShapeKey", "ShapePlan", "ShapePlans"]
+
+
+class PlanPolicy(enum.Enum):
+    """How a :class:`~overlap.ub.Userbuffers` handle decides, per shape, between a GEMM's
+    overlap op and the sequential path (NOTE [shape plans])."""
+
+    ALWAYS = "always"  #: every call of an overlapped GEMM runs its op
+    MEASURED = "measured"  #: the first call of a shape times both; the faster runs from then on
+
+    @classmethod
+    def of(cls, value: PlanPolicy | str) -> PlanPolicy:
+        """``value`` as a policy: a PlanPolicy or its name (``"always"``, ``"measured"``).
+
+        Raises:
+            ConfigError: anything else.
+        """
+        if isinstance(value, PlanPolicy):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(
+                f"shape_plans: {value!r} is not one of {[p.value for p in cls]}"
+            ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeKey:
+    """One GEMM call's shape: ``[M, K] x [K, N]`` of GEMM name ``name`` (``M`` the gathered
+    tokens of an AG+GEMM, the tokens before the reduce-scatter of a GEMM+RS; ``N`` this rank's
+    share of the weight's rows), FP8 inputs or not."""
+
+    name: str
+    m: int
+    k: int
+    n: int
+    fp8: bool
+
+    def label(self) -> str:
+        return f"{self.name} M={self.m} K={self.k} N={self.n} {'fp8' if self.fp8 else 'bf16/fp16'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapePlan:
+    """What the calls of one shape run, and why.
+
+    Attributes:
+        key: the shape.
+        overlap: True: the GEMM's overlap op; False: the sequential path.
+        reason: one line saying why (the policy, or the measured times).
+        op_ms: the op's time (ms per call, mean of the timed calls, max over ranks) when
+            measured.
+        sequential_ms: the sequential path's, likewise.
+    """
+
+    key: ShapeKey
+    overlap: bool
+    reason: str
+    op_ms: float | None = None
+    sequential_ms: float | None = None
+
+
+class ShapePlans:
+    """The plans of one handle's GEMM calls by shape (NOTE [shape plans]).
+
+    Args:
+        policy: :class:`PlanPolicy` (or its name).
+        timed_calls: calls of each path timed at a shape's first call (after one untimed
+            call, which also warms up GEMM plans); >= 1.
+
+    Raises:
+        ConfigError: an unknown policy or ``timed_calls`` < 1.
+    """
+
+    def __init__(self, policy: PlanPolicy | str = PlanPolicy.ALWAYS, timed_calls: int = 5):
+        self.policy = PlanPolicy.of(policy)
+        if not isinstance(timed_calls, int) or isinstance(timed_calls, bool) or timed_calls < 1:
+            raise ConfigError(f"shape_plans: timed_calls must be an int >= 1, got {timed_calls!r}")
+        self.timed_calls = timed_calls
+        self._plans: dict[ShapeKey, ShapePlan] = {}
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def plans(self) -> list[ShapePlan]:
+        """Every plan made so far, in the order their shapes were first met."""
+        return list(self._plans.values())
+
+    def choose(
+        self,
+        key: ShapeKey,
+        run_op: Callable[[], Any],
+        run_sequential: Callable[[], Any],
+        reduce_max: Callable[[list[float]], list[float]],
+        *,
+        cuda: bool,
+    ) -> bool:
+        """Whether the call of shape ``key`` runs the op (True) or the sequential path.
+
+        The first call of a shape under ``MEASURED`` runs both paths ``timed_calls + 1`` times
+        each (COLLECTIVE over the TP group: every rank must meet the same shapes in the same
+        order, as it must call the same ops) and keeps the plan; later calls are one dict
+        lookup.
+
+        Args:
+            key: the call's shape.
+            run_op, run_sequential: one call of each path (their results are dropped).
+            reduce_max: the element-wise maximum of a list of floats over the TP group.
+            cuda: the paths run on the current CUDA stream (timed by CUDA events; a capture in
+                progress is detected); else they are timed by the host clock.
+        """
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan.overlap
+        if self.policy is PlanPolicy.ALWAYS:
+            plan = ShapePlan(key, True, "policy always: the overlap op on every shape")
+        elif cuda and _capturing():
+            plan = ShapePlan(
+                key, True,
+                "first met inside a CUDA graph capture, where nothing can be timed: the op "
+                "(run the shape once eagerly before capturing to measure it)",
+            )  # fmt: skip
+        else:
+            local = [_mean_ms(run_op, self.timed_calls, cuda),
+                     _mean_ms(run_sequential, self.timed_calls, cuda)]  # fmt: skip
+            op_ms, seq_ms = reduce_max(local)
+            overlap = op_ms <= seq_ms
+            verdict = "the op" if overlap else "the sequential path"
+            plan = ShapePlan(
+                key, overlap,
+                f"measured: op {op_ms:.3f} ms, sequential {seq_ms:.3f} ms (mean of "
+                f"{self.timed_calls} back to back, max over the TP group): {verdict}",
+                op_ms, seq_ms,
+            )  # fmt: skip
+        self._plans[key] = plan
+        logger.info("shape plan %s: %s (%s)", key.label(), "overlap" if plan.overlap else
+                    "sequential", plan.reason)  # fmt: skip
+        return plan.overlap
+
+    def describe(self) -> list[str]:
+        """One line per shape met so far: what it runs and why."""
+        head = f"shape plans (policy {self.policy.value}): {len(self._plans)} shapes"
+        return [head] + [
+            f"  {p.key.label()}: {'overlap' if p.overlap else 'sequential'} ({p.reason})"
+            for p in self._plans.values()
+        ]
+
+
+def _capturing() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+def _mean_ms(fn: Callable[[], Any], calls: int, cuda: bool) -> float:
+    """Mean ms per call of ``calls`` calls of ``fn`` issued back to back, after one untimed
+    call: on a GPU the host runs ahead of the calls, so this is their GPU time whenever the
+    GPU is the slower side, as in a training step."""
+    import torch
+
+    fn()
+    if not cuda:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / calls
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / calls

@@ -1,0 +1,103 @@
+"""Plans by shape (NOTE [shape plans] in overlap/ub/plans.py): the decision, its inputs and
+its record, on CPU with stand-in paths. The layers' use of them under mpirun:
+tests/distributed/test_layers.py (scenario "plans")."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from overlap.errors import ConfigError
+from overlap.ub import PlanPolicy, ShapeKey, ShapePlans
+
+KEY = ShapeKey("fc1_fprop", 8192, 8192, 7168, False)
+
+
+class _Path:
+    """One path of a call: counts its calls, each taking ``ms``."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms, self.calls = ms, 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        time.sleep(self.ms / 1e3)
+
+
+def _same(values: list[float]) -> list[float]:
+    return values
+
+
+def test_always_runs_the_op_without_timing_anything() -> None:
+    plans = ShapePlans()
+    op, seq = _Path(0), _Path(0)
+    assert plans.policy is PlanPolicy.ALWAYS
+    assert plans.choose(KEY, op, seq, _same, cuda=False) is True
+    assert (op.calls, seq.calls) == (0, 0)
+    assert "policy always" in plans.plans()[0].reason
+
+
+@pytest.mark.parametrize(("op_ms", "seq_ms", "overlap"), [(1, 8, True), (8, 1, False)])
+def test_measured_keeps_the_faster_path_and_times_each_shape_once(op_ms, seq_ms, overlap):
+    plans = ShapePlans("measured", timed_calls=3)
+    op, seq = _Path(op_ms), _Path(seq_ms)
+    assert plans.choose(KEY, op, seq, _same, cuda=False) is overlap
+    assert (op.calls, seq.calls) == (4, 4)  # one untimed call and three timed, each path
+    assert plans.choose(KEY, op, seq, _same, cuda=False) is overlap  # a lookup now
+    assert (op.calls, seq.calls) == (4, 4)
+    (plan,) = plans.plans()
+    assert plan.overlap is overlap and plan.op_ms is not None and plan.sequential_ms is not None
+    assert (plan.op_ms < plan.sequential_ms) is overlap
+    assert "measured" in plan.reason and plan.key == KEY
+    other = ShapeKey("fc1_fprop", 4096, 8192, 7168, False)  # another M: timed again
+    plans.choose(other, op, seq, _same, cuda=False)
+    assert op.calls == 8 and len(plans) == 2
+
+
+def test_the_decision_uses_the_group_maximum_not_this_ranks_times() -> None:
+    """Locally the op is faster; another rank found it slower: the maximum over the group
+    decides, so every rank takes the same path."""
+    plans = ShapePlans("measured", timed_calls=1)
+    seen = []
+
+    def group_max(values: list[float]) -> list[float]:
+        seen.append(values)
+        return [values[0] + 50.0, values[1]]  # a slower rank's op time
+
+    assert plans.choose(KEY, _Path(0), _Path(2), group_max, cuda=False) is False
+    assert len(seen) == 1 and seen[0][0] < seen[0][1]
+    assert plans.plans()[0].op_ms == pytest.approx(seen[0][0] + 50.0)
+
+
+def test_a_tie_goes_to_the_op() -> None:
+    plans = ShapePlans("measured", timed_calls=1)
+    assert plans.choose(KEY, _Path(0), _Path(0), lambda v: [1.0, 1.0], cuda=False) is True
+
+
+def test_describe_lists_every_shape_with_its_reason() -> None:
+    plans = ShapePlans("measured", timed_calls=1)
+    plans.choose(KEY, _Path(0), _Path(0), lambda v: [2.0, 1.0], cuda=False)
+    lines = plans.describe()
+    assert lines[0] == "shape plans (policy measured): 1 shapes"
+    assert "fc1_fprop M=8192 K=8192 N=7168" in lines[1] and "sequential" in lines[1]
+    assert "op 2.000 ms, sequential 1.000 ms" in lines[1]
+
+
+@pytest.mark.parametrize("bad", ["auto", 3, None])
+def test_an_unknown_policy_is_a_config_error(bad) -> None:
+    with pytest.raises(ConfigError, match="shape_plans"):
+        ShapePlans(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_timed_calls_must_be_a_positive_int(bad) -> None:
+    with pytest.raises(ConfigError, match="timed_calls"):
+        ShapePlans("measured", timed_calls=bad)
+
+
+def test_initialize_ub_refuses_an_unknown_policy_before_anything_collective() -> None:
+    from overlap import initialize_ub
+
+    with pytest.raises(ConfigError, match="shape_plans"):
+        initialize_ub((64, 32), object(), shape_plans="sometimes", register=False)
