@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--shape-plans", default="always", choices=("always", "measured"),
-        help="initialize_ub(shape_plans=...) of ours: 'measured' times each forward GEMM "
+        help="initialize_ub(shape_plans=...) of ours: 'measured' times each planned GEMM "
         "shape's overlap op against the sequential path at its first call and keeps the "
         "faster (NOTE [shape plans]); the decisions go to the JSON rows (shape_plans)",
     )  # fmt: skip

@@ -394,24 +394,8 @@ def _row_backward(  # noqa: PLR0917 (a schema is positional)
     """
     tp = lookup_group(group_id)
     fp8 = dy_scale_inv is not None
-    if overlap:
-        op = tp.userbuffers(f"{gemm_name}_dgrad").get(f"{gemm_name}_dgrad")
-        dx = op(
-            _operand(dy, dy_scale_inv),
-            _operand(w_dgrad, w_dgrad_scale_inv),
-            weight_layout="nk" if fp8 else "kn",
-            out_dtype=dx_dtype,
-            keep_gathered=True,
-            fast_accum=False if fp8 else None,
-        )
-        # A view of the AG buffer, read right here (NOTE [layer custom ops]); FP8: its
-        # scale_inv from the buffer too (invariant 1).
-        gathered = op.gathered_input(check_scales=False)
-        if isinstance(gathered, QuantizedTensor):
-            dy_full, dy_scale_inv = gathered.rowwise_data, gathered.rowwise_scale_inv
-        else:
-            dy_full = gathered
-    else:
+
+    def sequential() -> tuple[torch.Tensor, torch.Tensor]:
         dy_full = tp.all_gather_rows(dy)
         dx = gemm(
             dy_full,
@@ -422,6 +406,38 @@ def _row_backward(  # noqa: PLR0917 (a schema is positional)
             out_dtype=dx_dtype,
             fast_accum=False,
         )
+        return dy_full, dx
+
+    use_op = overlap
+    if overlap:
+        name = f"{gemm_name}_dgrad"
+        op = tp.userbuffers(name).get(name)
+
+        def overlapped() -> torch.Tensor:
+            return op(
+                _operand(dy, dy_scale_inv),
+                _operand(w_dgrad, w_dgrad_scale_inv),
+                weight_layout="nk" if fp8 else "kn",
+                out_dtype=dx_dtype,
+                keep_gathered=True,
+                fast_accum=False if fp8 else None,
+            )
+
+        # dgrad alone is timed (wgrad is the same GEMM either way, and may accumulate into
+        # main_grad, which a timed call must not touch).
+        shape = (tp.size * dy.shape[0], dy.shape[1], w_dgrad.shape[0 if fp8 else 1])
+        use_op = _runs_op(tp, name, shape, dy, run_op=overlapped, run_sequential=sequential)
+    if use_op:
+        dx = overlapped()
+        # A view of the AG buffer, read right here (NOTE [layer custom ops]); FP8: its
+        # scale_inv from the buffer too (invariant 1).
+        gathered = op.gathered_input(check_scales=False)
+        if isinstance(gathered, QuantizedTensor):
+            dy_full, dy_scale_inv = gathered.rowwise_data, gathered.rowwise_scale_inv
+        else:
+            dy_full = gathered
+    else:
+        dy_full, dx = sequential()
     empty = dy.new_empty((0,), dtype=dw_dtype)
     if not wgrad:
         return dx, empty

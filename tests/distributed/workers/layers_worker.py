@@ -301,7 +301,8 @@ def make_ub(tp: Any, tokens: int, dtype: torch.dtype, **kw: Any) -> overlap.ub.U
 
 
 def plans(tp: Any, gen: torch.Generator) -> None:
-    """NOTE [shape plans]: under the "measured" policy each forward GEMM shape is timed once
+    """NOTE [shape plans]: under the "measured" policy each planned GEMM shape (forward AG+GEMM
+    and GEMM+RS, the row-parallel dgrad's AG+GEMM) is timed once
     (the op and the sequential path, max over the group) and runs the faster path from then
     on. The times are made up per rank here (the paths still run), so that the group maximum,
     not a rank's own time, must decide: one rank alone finds the op slow. Every rank takes the
@@ -338,15 +339,15 @@ def plans(tp: Any, gen: torch.Generator) -> None:
                 check_module(kind, layer, tp, tokens=tokens, dtype=torch.float32, gen=gen,
                              what=f"plans again slow_rank_op={slow_rank_op}")  # fmt: skip
             made = ub.plans.plans()
-            assert [p.key.name for p in made] == ["qkv_fprop", "proj_fprop"], made
+            assert [p.key.name for p in made] == ["qkv_fprop", "proj_fprop", "proj_dgrad"], made
             assert all(p.overlap is (not slow_rank_op) for p in made), made
             decisions = [None] * tp.size
             dist.all_gather_object(decisions, [(p.key, p.overlap) for p in made], group=tp.group)
             assert all(d == decisions[0] for d in decisions), decisions
             text = ub.describe()
-            assert "shape plans (policy measured): 2 shapes" in text, text
+            assert "shape plans (policy measured): 3 shapes" in text, text
             assert ("sequential (measured" in text) is slow_rank_op, text
-            assert len(calls) == 4, len(calls)  # each shape timed once: 2 shapes x 2 paths
+            assert len(calls) == 6, len(calls)  # each shape timed once: 3 shapes x 2 paths
             ub.destroy()
         finally:
             plans_mod._mean_ms = real
