@@ -479,6 +479,8 @@ DEFINITIONS = {
     "benchmarks/overlap_report.py); meaningful: false on the host transport",
     "skipped_rows": "rows of the suite that were not run, with the reason (NOTE [broad suite] "
     "in benchmarks/overlap_suite.py)",
+    "estimated_gpu_seconds": "GPU runs: benchmarks/overlap_estimate.py's estimate of the run on "
+    "H100s (what --list prints), beside the measured seconds to correct its model",
     "bulk rows": "T_gemm: the side GEMM alone; T_comm: the collective alone; T_seq: "
     "one then the other; T_torch: the NCCL collective on a side stream beside the GEMM "
     "(NOTE [bulk rows] in benchmarks/overlap_ops.py)",
