@@ -81,15 +81,32 @@ its warm-up calls, max over ranks): ``host`` in the table (the best variant's), 
 call, a training step that issues the op eagerly (no CUDA graph) is bound by the host, not by
 the GPU, whatever ``--timing gpu`` reports; the summary counts those rows for us and for torch.
 
-Shapes (Llama-3-70B-like, hidden 8192, FFN 28672, GQA QKV 10240):
+Shapes (quick and full: Llama-3-70B-like, hidden 8192, FFN 28672, GQA QKV 10240):
 
 * quick (default, seconds): M = 8192 at TP = world size: fc1 bf16, qkv fp8 (AG+GEMM), fc2
   bf16, proj fp8 (GEMM+RS), and the bulk rows qkv fp8 (bulk_ag) and fc1 bf16 (bulk_rs);
-* ``--full``: fc1, qkv, fc2, proj x M = 8192, 16384 x TP = 2, 4 (those that divide the world
-  size, and the world size) x bf16, fp8, plus TE's shapes (AG+GEMM and GEMM+RS with
-  K = N = hidden, hidden 8192 and 4096, M = 8192) at each TP size, plus the bulk rows;
+* ``--full`` (``--suite full``): fc1, qkv, fc2, proj x M = 8192, 16384 x TP = 2, 4 (those that
+  divide the world size, and the world size) x bf16, fp8, plus TE's shapes (AG+GEMM and
+  GEMM+RS with K = N = hidden, hidden 8192 and 4096, M = 8192) at each TP size, plus the bulk
+  rows;
 * bulk rows (NOTE [bulk rows]): the backward of qkv and fc1, M = 8192, 16384, bf16 and FP8
-  side GEMMs. ``--ops`` keeps some ops only (e.g. ``bulk_ag,bulk_rs``).
+  side GEMMs. ``--ops`` keeps some ops only (e.g. ``bulk_ag,bulk_rs``);
+* ``--suite broad`` (NOTE [broad suite] in benchmarks/overlap_suite.py): the four GEMMs of a
+  layer (qkv, fc1: AG+GEMM; proj, fc2: GEMM+RS) of eight public model families
+  (benchmarks/data/model_families.json, with the source of every dimension: Llama-3.2-1B and
+  3B, Qwen2.5-7B, Llama-3.1-8B, Qwen2.5-32B, GPT-NeoX-20B, GPT-3 175B, Llama-3.1-405B;
+  hidden 2048-16384, GQA and MHA, SwiGLU and GELU MLPs) x M = 1024, 4096, 16384 (and 32768
+  up to hidden 4096) x TP = 2, 4 (as ``--full``) x bf16, fp8: rows named
+  ``<family>.<layer>`` with their M. Rows whose dimensions do not split over the TP size or
+  are not aligned for their dtype are listed with the reason instead of run. ``--families``
+  and ``--tokens`` cut it (``--shapes`` takes ``<family>.<layer>`` names or layer names).
+  Its targets (docs/design.md §6.4) are read off the summaries by communication / GEMM ratio
+  per TP size (NOTE [ratio summaries] in benchmarks/overlap_report.py), which every suite's
+  table and JSON carry.
+
+``--list`` prints the rows a selection runs, those it leaves out and why, and an estimate of
+the GPU time on H100s (benchmarks/overlap_estimate.py, a model), without running anything:
+cut a suite to the device time there is before starting it.
 
 NOTE [bulk rows]: bulk overlap (issue 6, item 3) runs a collective beside an unrelated GEMM.
 In a sequence-parallel layer's backward (qkv or fc1, local N = QKV / tp or 2 FFN / tp):
@@ -116,6 +133,8 @@ tiny shapes (M / 256, K and N / 128 rounded up to 16), a CPU smoke run in second
 
     python -m benchmarks.overlap_ops --launch 4 --cuda --out bench_results [--full]   # GPUs
     python -m benchmarks.overlap_ops --launch 4 --out bench_results [--full]   # host transport
+    python -m benchmarks.overlap_ops --launch 4 --cuda --out bench_results --suite broad \
+        --tp 4 --list   # the broad suite's rows at TP 4 and their estimated GPU time
 
 ``--launch N`` starts N ranks under mpirun (overlap.launch.mpirun_command: the no-multicast
 variables included); without it, the script is the per-rank worker. Rank 0
@@ -129,7 +148,9 @@ on tiny CPU shapes, so the ratios say nothing about GPUs and change from run to 
 
 The code: this module (the protocol's NOTEs, the options, ``main``);
 :mod:`benchmarks.overlap_suite` (the rows and the peer reference data, TE's times in
-``benchmarks/data/te_reference.json``); :mod:`benchmarks.overlap_runner` (one row's
+``benchmarks/data/te_reference.json``, the model families in
+``benchmarks/data/model_families.json``); :mod:`benchmarks.overlap_estimate` (``--list``);
+:mod:`benchmarks.overlap_runner` (one row's
 measurements, the sweep); :mod:`benchmarks.overlap_report` (metrics, summary, table, JSON,
 plot); :mod:`benchmarks.methods` (the registry of timed methods); and what every benchmark
 shares, :mod:`benchmarks.common` (launching, timing, output) and :mod:`benchmarks.trace`.
@@ -143,6 +164,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -156,10 +178,11 @@ from benchmarks.common import (
     environment,
     launch_workers,
 )
-from benchmarks.methods import OPS, select
+from benchmarks.methods import OPS, Variant, select
+from benchmarks.overlap_estimate import estimate_run, listing_text
 from benchmarks.overlap_report import NAME, run_meta, write_report
 from benchmarks.overlap_runner import run_suite
-from benchmarks.overlap_suite import DTYPES, build_suite
+from benchmarks.overlap_suite import DTYPES, FAMILIES, SUITES, Suite, select_suite
 from benchmarks.trace import Tracer
 from overlap.launch import detect_launch_env, init_torch_distributed
 
@@ -167,6 +190,8 @@ EPILOG = """\
 examples:
   python -m benchmarks.overlap_ops --launch 4 --out bench_results          # host transport
   python -m benchmarks.overlap_ops --launch 4 --cuda --out bench_results --full   # 4 GPUs
+  python -m benchmarks.overlap_ops --launch 4 --cuda --out bench_results --suite broad \\
+      --tp 4 --families llama3.1-8b,gpt3-175b --tokens 1024,16384 --list   # plan a cut
 
 Writes OUT/overlap_ops.json (every time of every row, the summaries, the definitions),
 OUT/overlap_ops.txt (the table, also printed) and OUT/overlap_ops.png (with matplotlib).
@@ -194,16 +219,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--cuda", action="store_true", help="the cuda transport on GPUs (default: host)"
     )
     parser.add_argument(
-        "--full", action="store_true", help="the whole docs/design.md §6 suite and TE's shapes"
+        "--suite",
+        choices=SUITES,
+        default=None,
+        help="quick (default: a few rows in seconds), full (the docs/design.md §6 suite, TE's "
+        "shapes and the bulk rows) or broad (the four GEMMs of eight public model families at "
+        "M 1024-32768)",
     )
+    parser.add_argument("--full", action="store_true", help="the same as --suite full")
     parser.add_argument(
         "--tp",
         default=None,
         metavar="2,4",
-        help="TP sizes (default: the world size; with --full, 2 and 4 where they divide the "
-        "world size, and the world size)",
+        help="TP sizes (default: the world size; with --suite full or broad, 2 and 4 where "
+        "they divide the world size, and the world size)",
     )
-    parser.add_argument("--shapes", default=None, help="only these shapes, e.g. fc1,te8192")
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        help="only these shapes, e.g. fc1,te8192; broad: <family>.<layer> or a layer name",
+    )
+    parser.add_argument(
+        "--families",
+        default=None,
+        help=f"broad suite: only these model families ({','.join(f.name for f in FAMILIES)})",
+    )
+    parser.add_argument(
+        "--tokens", default=None, metavar="1024,4096", help="only the rows of these M (tokens)"
+    )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print the selection's rows, the rows left out and why, and (with --cuda) the "
+        "estimated GPU time on H100s, then exit without running (world size: --launch)",
+    )
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="bf16,fp8 or one of them")
     parser.add_argument(
         "--ops", default=None, help=f"only these ops (comma list of {','.join(OPS)}; default all)"
@@ -229,34 +278,83 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.trace and not args.cuda:
         parser.error("--trace records GPU timelines (CUPTI): it needs --cuda")
+    if args.full and args.suite not in (None, "full"):
+        parser.error(f"--full is --suite full: it does not go with --suite {args.suite}")
+    try:
+        args.tokens = [int(t) for t in _csv(args.tokens)]
+    except ValueError:
+        parser.error(f"--tokens takes whole numbers (comma list), got {args.tokens!r}")
     check_timing_args(parser, args)
     return args
+
+
+def _selection(args: argparse.Namespace, world: int) -> tuple[Suite, list[Variant]]:
+    """The suite's rows and the variants the options select (after ``--import``).
+
+    Raises:
+        ValueError: a selection :func:`select_suite` or :func:`select` refuses.
+        ImportError: a module of ``--import`` that does not import.
+    """
+    suite = select_suite(
+        world,
+        suite=args.suite,
+        full=args.full,
+        cuda=args.cuda,
+        tp_sizes=[int(t) for t in _csv(args.tp)] or None,
+        shapes=_csv(args.shapes) or None,
+        dtypes=_csv(args.dtypes),
+        ops=_csv(args.ops) or None,
+        families=_csv(args.families) or None,
+        tokens=args.tokens or None,
+    )
+    for module in _csv(args.imports):
+        importlib.import_module(module)
+    return suite, select(_csv(args.methods))
+
+
+def _estimate(
+    args: argparse.Namespace, suite: Suite, variants: list[Variant]
+) -> dict[str, Any] | None:
+    """The GPU-time estimate of the selection (benchmarks/overlap_estimate.py) on GPUs, with
+    the run's timing options; None on the host transport."""
+    if not args.cuda:
+        return None
+    heat = args.heat_ms if args.timing == "sustained" else 0.0
+    warmup, iters, passes = args.warmup, args.iters, args.passes
+    return estimate_run(
+        suite.rows, variants, warmup=warmup, iters=iters, passes=passes, heat_ms=heat
+    )
+
+
+def _list(args: argparse.Namespace) -> int:
+    """``--list``: the selection at the world size of ``--launch`` (else this job's), with the
+    GPU-time estimate where ``--cuda`` is given; nothing runs."""
+    try:
+        suite, variants = _selection(args, args.launch or detect_launch_env().world_size)
+    except (ValueError, ImportError) as exc:
+        print(f"[overlap_ops] error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(listing_text(suite, _estimate(args, suite, variants)), flush=True)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.list:
+        return _list(args)
     if args.launch:
         return launch_workers("benchmarks.overlap_ops", args.launch, argv)
     job = detect_launch_env()
     rank0 = job.rank == 0
     try:  # argument errors: on every rank alike, before any communication
-        rows = build_suite(
-            job.world_size,
-            full=args.full,
-            cuda=args.cuda,
-            tp_sizes=[int(t) for t in _csv(args.tp)] or None,
-            shapes=_csv(args.shapes) or None,
-            dtypes=_csv(args.dtypes),
-            ops=_csv(args.ops) or None,
-        )
-        for module in _csv(args.imports):
-            importlib.import_module(module)
-        variants = select(_csv(args.methods))
+        suite, variants = _selection(args, job.world_size)
     except (ValueError, ImportError) as exc:
         if rank0:
             print(f"[overlap_ops] error: {exc}", file=sys.stderr, flush=True)
         return 2
+    rows = list(suite.rows)
+    estimate = _estimate(args, suite, variants)
     init_torch_distributed("nccl" if args.cuda else "gloo")
     t0 = time.time()
     # All TP groups run every row at once (NOTE [TP below the world size]): align the world.
@@ -270,9 +368,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rank0:
         tps = sorted({r["tp"] for r in rows})
         print(
-            f"[overlap_ops] {len(rows)} rows ({'full' if args.full else 'quick'} suite, TP "
-            f"{tps}, {args.iters} iters), {len(variants)} variants registered; progress on "
-            f"stderr",
+            f"[overlap_ops] {len(rows)} rows ({suite.name} suite, TP {tps}, {args.iters} "
+            f"iters), {len(variants)} variants registered"
+            + (f", {len(suite.skipped)} rows left out (see the table)" if suite.skipped else "")
+            + (f"; about {estimate['seconds'] / 60:.1f} min on H100s" if estimate else "")
+            + "; progress on stderr",
             flush=True,
         )
     results = run_suite(
@@ -289,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not rank0:
         return 0
     meta = run_meta(
-        full=args.full,
+        suite=suite,
         cuda=args.cuda,
         world_size=job.world_size,
         environment=environment(args.cuda),
@@ -298,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         traces=tracer.dir if tracer is not None else None,
         variants=variants,
     )
+    # beside the JSON's measured seconds, so that benchmarks/overlap_estimate.py can be corrected
+    meta["estimated_gpu_seconds"] = estimate["seconds"] if estimate else None
     write_report(results, meta, args.out, time.time() - t0)
     if tracer is not None:
         print(f"GPU timelines: {tracer.dir}")

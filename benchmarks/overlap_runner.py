@@ -202,7 +202,9 @@ def bench_row(
     run = RowRun(comm, group, variants, cuda, timer, passes, tracer)
     times = _bench_bulk_row if row["op"] in BULK_OPS else _bench_overlap_row
     out = times(dict(row), run, *_row_inputs(cuda))
-    out["default_variant"] = ub_default_variant(row["op"], row["shape"], comm.group.size)
+    # a broad row's shape is <family>.<layer>: its layer names the GEMM (NOTE [broad suite])
+    layer = row.get("layer") or row["shape"]
+    out["default_variant"] = ub_default_variant(row["op"], layer, comm.group.size)
     return add_metrics(out)
 
 

@@ -208,6 +208,48 @@ def test_full_suite_options_with_tp2_subgroups(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
+def test_broad_suite_rows_on_host_ranks(tmp_path: Path) -> None:
+    """--suite broad (NOTE [broad suite] in benchmarks/overlap_suite.py): a few rows of two
+    families at TP 2 (two groups at once) and 4, named <family>.<layer>, with initialize_ub's
+    default timed beside the best and the summaries by communication / GEMM ratio, which on
+    the host transport compare nothing (NOTE [ratio summaries])."""
+    methods = "ag_gemm:pipeline/lanes?-split1-staggered,gemm_rs:pipeline/lanes1-split1"
+    methods += ",gemm_rs:ring/lanes1-subchunks2-pull"
+    args = ["--suite", "broad", "--tp", "2,4", "--families", "llama3.2-1b,gpt3-175b"]
+    args += ["--tokens", "1024", "--shapes", "qkv,fc2", "--methods", methods, "--iters", "2"]
+    _run(["benchmarks.overlap_ops", "--launch", "4", "--out", str(tmp_path), *args])
+    result = json.loads((tmp_path / "overlap_ops.json").read_text())
+    assert result["suite"] == "broad" and result["skipped_rows"] == []
+    assert [f["name"] for f in result["model_families"]["families"]] == [
+        "llama3.2-1b", "gpt3-175b",
+    ]  # fmt: skip
+    rows = result["rows"]
+    assert {(r["shape"], r["tp"], r["dtype"]) for r in rows} == {
+        (f"{fam}.{layer}", tp, d)
+        for fam in ("llama3.2-1b", "gpt3-175b")
+        for layer in ("qkv", "fc2")
+        for tp in (2, 4)
+        for d in ("bf16", "fp8")
+    }
+    assert all(r["M"] == 1024 // 256 and r["shape"] == f"{r['family']}.{r['layer']}" for r in rows)
+    ag = [r for r in rows if r["op"] == "ag_gemm"]
+    _check_rows(ag, {"pipeline/lanes1-split1-staggered", "pipeline/lanes2-split1-staggered"})
+    rs = [r for r in rows if r["op"] == "gemm_rs"]
+    _check_rows(rs, {"pipeline/lanes1-split1", "ring/lanes1-subchunks2-pull"})
+    # initialize_ub's default of each row's layer is among the timed variants at both TP sizes
+    assert all(r["T_default"] is not None for r in rows)
+    assert {r["default_variant"] for r in rs if r["tp"] == 2} == {"ring/lanes1-subchunks2-pull"}
+    ratio = result["summary_by_ratio"]
+    assert not ratio["meaningful"] and "gloo" in ratio["note"]
+    for tp in ("2", "4"):
+        buckets = ratio["by_tp"][tp]["buckets"]
+        assert sum(b["rows"] for b in buckets.values()) == 8 == ratio["by_tp"][tp]["all"]["rows"]
+    table = (tmp_path / "overlap_ops.txt").read_text()
+    assert "rows by T_comm / T_gemm: TP 2: " in table and "not compared (host transport" in table
+    assert "gpt3-175b.fc2" in table
+
+
+@pytest.mark.mpi
 def test_methods_added_by_import_and_a_builder_failing_on_one_rank(tmp_path: Path) -> None:
     """--import registers methods on every rank; a builder that raises on rank 1 only makes
     that variant n/a (with rank 1's error) on every rank, and the sweep goes on."""
@@ -247,11 +289,14 @@ BAD = [
     (["--ops", "bulk_ag,gemm"], "unknown dtypes or ops ['gemm']"),
     (["--methods", "gemm_rs:nope*"], "--methods pattern 'gemm_rs:nope*' matches no variant"),
     (["--import", "benchmarks.no_such_module"], "No module named 'benchmarks.no_such_module'"),
+    (["--suite", "broad", "--families", "gpt4"], "unknown families ['gpt4'] in this suite"),
 ]
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("args", "message"), BAD, ids=["tp", "ops", "methods", "import"])
+@pytest.mark.parametrize(
+    ("args", "message"), BAD, ids=["tp", "ops", "methods", "import", "families"]
+)
 def test_bad_selection_fails_cleanly(tmp_path: Path, args: list[str], message: str) -> None:
     if shutil.which(settings().mpirun) is None:
         pytest.skip("no mpirun")
