@@ -8,7 +8,10 @@ backward, BF16 and FP8 (current scaling).
 ``--ops`` instead measures the host time of one call of each overlap op (AG+GEMM, GEMM+RS,
 the bulk pair; tiny shapes on a group of one rank; ``--cuda``: the cuda transport on GPU 0)
 after its first call: the Python and binding overhead per op (NOTE [op plans] in
-``overlap/ops/_operands.py``). ``--ub`` (under mpirun, or ``--launch N``) measures each layer
+``overlap/ops/_operands.py``), beside the same call with its native function replaced by a
+no-op (the Python alone) and one plain GEMM of the same shape (the host cost of a GEMM, paid
+once per weight and chunk); ``--op-shape 1,16,16`` leaves next to no host GEMM in a CPU
+figure. ``--ub`` (under mpirun, or ``--launch N``) measures each layer
 with a ``Userbuffers`` handle (``initialize_ub``; the host transport, or cuda with
 ``--cuda``) beside the same layer with ``ub=None``, the maximum over ranks.
 
@@ -83,6 +86,9 @@ def measure(name: str, fp8: bool, device: Any, iters: int) -> float:
 
 
 OPS = ("ag_gemm", "ag_gemm_fp8", "ag_gemm_3w", "gemm_rs", "ag_beside_gemm", "rs_beside_gemm")
+# The native function each op row calls (the "python us" column replaces it by a no-op).
+NATIVE = {"ag_gemm": "ag_gemm", "gemm_rs": "gemm_rs", "ag_beside_gemm": "all_gather_beside_gemm",
+          "rs_beside_gemm": "reduce_scatter_beside_gemm"}  # fmt: skip
 
 
 def _median_us(call: Any, iters: int, cuda: bool) -> float:
@@ -100,22 +106,33 @@ def _median_us(call: Any, iters: int, cuda: bool) -> float:
     return statistics.median(times)
 
 
-def measure_op(name: str, device: Any, iters: int) -> float:
-    """Median host us of one call of overlap op ``name`` (tiny shapes, this rank's group)."""
+def measure_op(
+    name: str, device: Any, iters: int, shape: tuple[int, int, int] = (16, 64, 32)
+) -> dict[str, Any]:
+    """Median host us of one call of overlap op ``name`` (tiny shapes, this rank's group):
+    ``host_us``, the whole call; ``python_us``, the same call with the op's native function
+    replaced by a no-op (what the Python around it costs: NOTE [op plans]); ``gemm``: one
+    plain :func:`overlap.gemm.gemm` of the ops' GEMM shape (the host cost of one GEMM, which
+    every op pays once per weight and chunk). ``shape``: ``(m, k, n)``, the shard's rows and
+    columns and the weight's rows."""
     import torch
     import torch.distributed as dist
 
     from overlap import ops
+    from overlap._native import native
     from overlap.comm import Communicator, TorchBootstrap
+    from overlap.gemm import gemm
     from overlap.quantization import CurrentScalingConfig, make_quantizer
 
-    comm = Communicator(TorchBootstrap(dist.group.WORLD), device.type if device.type ==
-                        "cuda" else "host")  # fmt: skip
-    tp = comm.group.size
-    m, k, n = 16, 64, 32
+    cuda = device.type == "cuda"
+    m, k, n = shape
     bf16 = torch.bfloat16
     x = torch.randn(m, k, dtype=bf16, device=device)
     w = torch.randn(n, k, dtype=bf16, device=device)
+    if name == "gemm":
+        return {"op": name, "host_us": _median_us(lambda: gemm(x, w, transb=True), iters, cuda)}
+    comm = Communicator(TorchBootstrap(dist.group.WORLD), "cuda" if cuda else "host")
+    tp = comm.group.size
     try:
         if name.startswith("ag_gemm"):
             fp8 = name.endswith("fp8")
@@ -123,20 +140,32 @@ def measure_op(name: str, device: Any, iters: int) -> float:
             if fp8:
                 q = make_quantizer(CurrentScalingConfig(), columnwise=False)
                 xq, wq = q.quantize(x), q.quantize(w)
-                return _median_us(lambda: op(xq, wq), iters, device.type == "cuda")
-            ws = [w, w, w] if name.endswith("3w") else w
-            return _median_us(lambda: op(x, ws), iters, device.type == "cuda")
-        if name == "gemm_rs":
+                call = lambda: op(xq, wq)  # noqa: E731
+            else:
+                ws = [w, w, w] if name.endswith("3w") else w
+                call = lambda: op(x, ws)  # noqa: E731
+        elif name == "gemm_rs":
             op = ops.GemmReduceScatter(comm, m * tp, n, bf16)
-            return _median_us(lambda: op(x, w), iters, device.type == "cuda")
-        if name == "ag_beside_gemm":
+            call = lambda: op(x, w)  # noqa: E731
+        elif name == "ag_beside_gemm":
             op = ops.AllGatherBesideGemm(comm, m * tp, k, bf16)
-            return _median_us(lambda: op(x, x, w, transb=True), iters, device.type == "cuda")
-        op = ops.ReduceScatterBesideGemm(comm, m * tp, k, bf16)
-        xs = torch.randn(m * tp, k, dtype=bf16, device=device)
-        return _median_us(lambda: op(xs, x, w, transb=True), iters, device.type == "cuda")
+            call = lambda: op(x, x, w, transb=True)  # noqa: E731
+        else:
+            op = ops.ReduceScatterBesideGemm(comm, m * tp, k, bf16)
+            xs = torch.randn(m * tp, k, dtype=bf16, device=device)
+            call = lambda: op(xs, x, w, transb=True)  # noqa: E731
+        row = {"op": name, "host_us": _median_us(call, iters, cuda)}
+        comm_ops = native().comm_ops
+        native_name = NATIVE[name.removesuffix("_fp8").removesuffix("_3w")]
+        real = getattr(comm_ops, native_name)
+        setattr(comm_ops, native_name, lambda *args, **kwargs: None)
+        try:
+            row["python_us"] = _median_us(call, iters, cuda)
+        finally:
+            setattr(comm_ops, native_name, real)
+        return row
     finally:
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
         op.destroy()
         comm.destroy()
@@ -196,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="", help="write the rows here")
     parser.add_argument("--ops", action="store_true", help="per-op host time of the overlap ops")
     parser.add_argument(
+        "--op-shape", default="16,64,32", help="--ops: M,K,N (1,16,16: almost no host GEMM)"
+    )
+    parser.add_argument(
         "--ub",
         action="store_true",
         help="layers with a Userbuffers handle beside ub=None (under mpirun)",
@@ -223,10 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl" if args.cuda else "gloo", rank=0, world_size=1)
         device = torch.device("cuda", 0) if args.cuda else torch.device("cpu")
     if args.ops:
-        rows = [{"op": o, "host_us": measure_op(o, device, args.iters)} for o in OPS]
+        m, k, n = (int(v) for v in args.op_shape.split(","))
+        rows = [measure_op(o, device, args.iters, (m, k, n)) for o in (*OPS, "gemm")]
         print(f"host time per overlap op call, {dist.get_world_size()} rank(s), {device.type}, "
-              f"median of {args.iters} calls (us)")  # fmt: skip
-        print(format_table(rows, [("op", "op"), ("host_us", "host us")]))
+              f"M,K,N = {args.op_shape}, median of {args.iters} calls (us); python us: the "
+              "native op a no-op; gemm: one overlap.gemm.gemm of the same shape")  # fmt: skip
+        print(format_table(rows, [("op", "op"), ("host_us", "host us"),
+                                  ("python_us", "python us")]))  # fmt: skip
         return _finish(args, device, rows)
     if args.ub:
         from benchmarks.common import max_over_ranks

@@ -45,13 +45,17 @@ class ScalingMode(enum.Enum):
     @property
     def block_shape(self) -> tuple[int, int] | None:
         """``(block_rows, block_cols)`` of the data, or None for per-tensor scaling."""
-        return {
-            ScalingMode.TENSOR: None,
-            ScalingMode.BLOCK_1X128: (1, BLOCK_EDGE),
-            ScalingMode.BLOCK_128X128: (BLOCK_EDGE, BLOCK_EDGE),
-            ScalingMode.MXFP8_ROWWISE: (1, MX_BLOCK),
-            ScalingMode.MXFP8_COLUMNWISE: (MX_BLOCK, 1),
-        }[self]
+        return _BLOCK_SHAPES[self._value_]  # by value: an enum member hashes in Python
+
+
+# ScalingMode's block shapes, by the mode's value (read on every quantized tensor's checks).
+_BLOCK_SHAPES: dict[str, tuple[int, int] | None] = {
+    ScalingMode.TENSOR.value: None,
+    ScalingMode.BLOCK_1X128.value: (1, BLOCK_EDGE),
+    ScalingMode.BLOCK_128X128.value: (BLOCK_EDGE, BLOCK_EDGE),
+    ScalingMode.MXFP8_ROWWISE.value: (1, MX_BLOCK),
+    ScalingMode.MXFP8_COLUMNWISE.value: (MX_BLOCK, 1),
+}
 
 
 def dtype_name(dtype: object) -> str:

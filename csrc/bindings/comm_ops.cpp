@@ -359,43 +359,83 @@ namespace {
 // gelu, fast_accum (bool), alpha, beta (float), sm_count (int). The gemm() rules apply
 // (gemm/gemm.h); FP8 operands are per-tensor scaled.
 comm::SideGemm side_gemm(const SymmetricBuffer& buf, const py::dict& x, const char* op) {
-  static const char* const kKeys[] = {
+  // One pass over the dict, each key matched by identity against the names interned once
+  // (Python interns the literal keys overlap/ops/_side_gemm.py writes), by value otherwise: no
+  // Python string is made per key and call on the host's launch path of every bulk op (NOTE
+  // [tensor conversion cost] in tensor_arg.cpp).
+  enum Key {
+    kA,
+    kB,
+    kOut,
+    kAScaleInv,
+    kBScaleInv,
+    kBias,
+    kOutScale,
+    kOutAmax,
+    kTransa,
+    kTransb,
+    kGelu,
+    kFastAccum,
+    kAlpha,
+    kBeta,
+    kSmCount,
+    kNumKeys
+  };
+  static const char* const kKeys[kNumKeys] = {
       "a",      "b",      "out",  "a_scale_inv", "b_scale_inv", "bias", "out_scale", "out_amax",
       "transa", "transb", "gelu", "fast_accum",  "alpha",       "beta", "sm_count"};
-  for (const auto& item : x) {
-    const std::string key = py::str(item.first);
-    OVERLAP_CHECK_ARG(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys),
-                      op << ": unknown GEMM argument '" << key << "'");
+  static PyObject* const* const kInterned = [] {
+    static PyObject* names[kNumKeys];
+    for (int i = 0; i < kNumKeys; ++i) {
+      names[i] = PyUnicode_InternFromString(kKeys[i]);  // never released (as intern())
+      if (names[i] == nullptr) throw py::error_already_set();
+    }
+    return names;
+  }();
+  py::handle value[kNumKeys];  // borrowed from the dict, which the caller holds
+  PyObject* key = nullptr;
+  PyObject* item = nullptr;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(x.ptr(), &pos, &key, &item)) {
+    int i = 0;
+    while (i < kNumKeys && key != kInterned[i]) ++i;
+    if (i == kNumKeys && PyUnicode_Check(key)) {
+      i = 0;
+      while (i < kNumKeys && PyUnicode_CompareWithASCIIString(key, kKeys[i]) != 0) ++i;
+    }
+    OVERLAP_CHECK_ARG(i < kNumKeys,
+                      op << ": unknown GEMM argument '" << py::str(key).cast<std::string>() << "'");
+    value[i] = item;
   }
-  const auto get = [&x](const char* key) {
-    return x.contains(key) ? x[key] : py::object(py::none());
+  const auto get = [&value](Key k) {
+    return value[k] ? py::reinterpret_borrow<py::object>(value[k]) : py::object(py::none());
   };
-  const auto flag = [&get](const char* key) {
-    const py::object v = get(key);
+  const auto flag = [&get](Key k) {
+    const py::object v = get(k);
     return !v.is_none() && v.cast<bool>();
   };
-  const auto number = [&get](const char* key, double fallback) {
-    const py::object v = get(key);
+  const auto number = [&get](Key k, double fallback) {
+    const py::object v = get(k);
     return v.is_none() ? fallback : v.cast<double>();
   };
   comm::SideGemm g;
-  g.a = operand(buf, tensor_ref_from_py(get("a"), "the GEMM's a"),
-                optional_tensor_ref_from_py(get("a_scale_inv"), "a_scale_inv"), flag("transa"), op,
+  g.a = operand(buf, tensor_ref_from_py(get(kA), "the GEMM's a"),
+                optional_tensor_ref_from_py(get(kAScaleInv), "a_scale_inv"), flag(kTransa), op,
                 "the GEMM's a");
-  g.b = operand(buf, tensor_ref_from_py(get("b"), "the GEMM's b"),
-                optional_tensor_ref_from_py(get("b_scale_inv"), "b_scale_inv"), flag("transb"), op,
+  g.b = operand(buf, tensor_ref_from_py(get(kB), "the GEMM's b"),
+                optional_tensor_ref_from_py(get(kBScaleInv), "b_scale_inv"), flag(kTransb), op,
                 "the GEMM's b");
-  g.d = output(buf, tensor_ref_from_py(get("out"), "the GEMM's out"), op);
-  g.d.scale = scalar(buf, optional_tensor_ref_from_py(get("out_scale"), "the GEMM's out_scale"), op,
+  g.d = output(buf, tensor_ref_from_py(get(kOut), "the GEMM's out"), op);
+  g.d.scale = scalar(buf, optional_tensor_ref_from_py(get(kOutScale), "the GEMM's out_scale"), op,
                      "the GEMM's out_scale");
-  g.d.amax = scalar(buf, optional_tensor_ref_from_py(get("out_amax"), "the GEMM's out_amax"), op,
+  g.d.amax = scalar(buf, optional_tensor_ref_from_py(get(kOutAmax), "the GEMM's out_amax"), op,
                     "the GEMM's out_amax");
-  g.options.alpha = static_cast<float>(number("alpha", 1.0));
-  g.options.beta = static_cast<float>(number("beta", 0.0));
-  g.options.gelu = flag("gelu");
-  g.options.fast_accum = flag("fast_accum");
-  g.options.sm_count = static_cast<int>(number("sm_count", 0));
-  if (const auto biasr = optional_tensor_ref_from_py(get("bias"), "bias")) {
+  g.options.alpha = static_cast<float>(number(kAlpha, 1.0));
+  g.options.beta = static_cast<float>(number(kBeta, 0.0));
+  g.options.gelu = flag(kGelu);
+  g.options.fast_accum = flag(kFastAccum);
+  g.options.sm_count = static_cast<int>(number(kSmCount, 0));
+  if (const auto biasr = optional_tensor_ref_from_py(get(kBias), "bias")) {
     const std::int64_t n = g.b.transposed ? g.b.rows : g.b.cols;
     OVERLAP_CHECK_ARG(
         biasr->is_contiguous() && biasr->numel() == n,

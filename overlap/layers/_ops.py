@@ -31,6 +31,7 @@ row wgrad              ``dW = AG(dY)^T X`` from the kept dY, same op      GEMM
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -67,15 +68,24 @@ def _operand(data: torch.Tensor, scale_inv: torch.Tensor | None) -> torch.Tensor
     per-tensor :class:`QuantizedTensor` (rowwise)."""
     if scale_inv is None:
         return data
-    fmt = DirectionFormat(ScalingMode.TENSOR, Fp8Format.of(data.dtype))
     return QuantizedTensor(
         shape=tuple(data.shape),
         dtype=torch.bfloat16,
-        rowwise_format=fmt,
-        columnwise_format=DirectionFormat(),
+        rowwise_format=_per_tensor_format(data.dtype),
+        columnwise_format=_NO_FORMAT,
         rowwise_data=data,
         rowwise_scale_inv=scale_inv,
     )
+
+
+@functools.cache
+def _per_tensor_format(fp8: torch.dtype) -> DirectionFormat:
+    """The rowwise format of per-tensor FP8 data of dtype ``fp8``, one object per dtype (formats
+    are frozen): made once, and the ops' plan keys (NOTE [op plans]) compare it by identity."""
+    return DirectionFormat(ScalingMode.TENSOR, Fp8Format.of(fp8))
+
+
+_NO_FORMAT = DirectionFormat()  # a direction without data
 
 
 def _transpose(t: torch.Tensor) -> torch.Tensor:

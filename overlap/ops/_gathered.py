@@ -107,15 +107,17 @@ class CallRecord:
         self.eager: tuple[LastGather, int, bool] | None = None
         self.captured: tuple[LastGather, int, bool] | None = None
 
-    def note(self, buffer: SymmetricBuffer, last: LastGather, kept: bool) -> None:
+    def note(self, buffer: SymmetricBuffer, last: LastGather, kept: bool, cuda: bool) -> None:
         """Record a call that just ran on ``buffer`` (``kept``: it left the whole gathered
-        input there)."""
-        import torch
-
+        input there; ``cuda``: the op runs on a GPU, so it may have been captured into a
+        graph, which an op of the host transport never is)."""
         record = (last, buffer.generation, kept)
         self.eager = record
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            self.captured = record
+        if cuda:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():
+                self.captured = record
 
     def current(self, buffer: SymmetricBuffer) -> tuple[LastGather | None, int, bool]:
         """``(last gather, its generation, kept)`` of the call the buffer holds now: the

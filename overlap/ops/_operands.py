@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+import functools
 from typing import TYPE_CHECKING, Union
 
 from overlap._native import native
@@ -10,6 +12,8 @@ from overlap.errors import InvalidArgumentError, UnsupportedHardwareError
 from overlap.quantization import QuantizedTensor
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from overlap.comm import SymmetricBuffer
@@ -19,6 +23,8 @@ Operand = Union["torch.Tensor", QuantizedTensor]
 
 __all__ = [
     "Operand",
+    "Split",
+    "call_key",
     "check_count",
     "check_flag",
     "check_given_buffer",
@@ -26,12 +32,14 @@ __all__ = [
     "check_op_dtype",
     "check_pieces",
     "check_sizes",
-    "gemm_kwargs",
     "is_fp8",
     "op_device",
     "prepare",
     "signature",
+    "split_as",
+    "split_of",
     "split_operand",
+    "stream_getter",
     "stream_of",
     "travels_as",
     "tuning",
@@ -105,19 +113,32 @@ def split_operand(op: str, name: str, x: object) -> tuple[torch.Tensor, torch.Te
 
 
 # NOTE [op plans]: an overlap op's Python checks (operand kinds, dtypes, shapes, strides,
-# devices, FP8 formats, the epilogue's arguments) read tensor metadata only, never data
-# pointers or values. So a call whose every operand has the metadata of an earlier checked
-# call passes the same checks: the op keeps the checked call's plan (the output shapes and
-# dtype, the native call's fixed keywords, its CallRecord entry) keyed by that metadata
-# (:func:`signature` of each operand, the call's other arguments and the op's tuning), and a
-# call whose key equals the plan's skips the checks and goes to the native op. Any change of
-# shape, dtype, stride, device, scaling format or argument changes the key: the call takes the
-# checked path (typed errors before any GPU work, as before) and re-plans. What the key does
-# not cover stays checked on every call by the binding and the core: the data pointers
-# (alignment, no view of the op's own buffer), the buffer's liveness and generation
-# (run_op; StaleBufferError), the collective op sequence. A plan is recorded only after the
-# native op accepted the call, so a rejected call never leaves one behind.
+# devices, FP8 formats, the epilogue's arguments, the op's sizes) read tensor metadata and
+# plain argument values only, never data pointers or tensor values. So a call whose operands
+# have the metadata of an earlier checked call, and whose other arguments are equal values of
+# the same types, passes the same checks and derives the same things. Each op keeps what its
+# last checked call derived, its plan (the output shapes and dtypes to allocate, how each
+# operand splits into data and scale_inv: :func:`split_of`, the derived native keywords such
+# as transb and the FP8 fast_accum default, its CallRecord entry), keyed by :func:`call_key`:
+# the :func:`signature` of every operand, the other arguments with their types (``1`` is not
+# ``1.0``), the keyword names (bulk ops' GEMM keywords) and the op attributes the checks read.
+# A call whose key equals the plan's skips the checks. Invariants: (1) both paths issue the
+# native op through one method (``_issue``), with every value it takes from the call read
+# from this call (the tensors, a QuantizedTensor's data and scale_inv, alpha, the flags, the
+# stream) and the op's tuning attributes read then, so only derived values come from the
+# plan; (2) a plan holds no tensor, so no data or scale_inv pointer outlives its call; (3) any
+# change of shape, dtype, stride, device, scaling format, argument value or type, keyword set
+# or checked attribute changes the key, and the call takes the checked path (typed errors
+# before any GPU work) and re-plans; an argument of another type than bool/int/float/str/
+# None/torch.dtype/enum (a tensor alpha) makes no key: always checked; (4) a plan is recorded
+# only after the native op accepted its call. What no key covers stays checked on every call
+# by the binding and the core: the data pointers (alignment, no view of the op's own buffer, a
+# bulk GEMM's independence), the scale_inv tensors (float32 [1], the op's device), the
+# buffer's liveness and generation (run_op; StaleBufferError), the collective op sequence.
+# Ops: AllGatherGemm (BF16 or FP8, one or several weights), GemmReduceScatter, and the bulk
+# AllGatherBesideGemm and ReduceScatterBesideGemm.
 # Verdict: the fast path returns what the checked path returns, and raises where it raises.
+# Measured: docs/performance-log.md [op plans].
 
 
 def signature(x: object) -> tuple | None:
@@ -125,24 +146,90 @@ def signature(x: object) -> tuple | None:
     shape, strides and device of a tensor; of a QuantizedTensor also its class, rowwise
     format and its data's and scale_inv's; ``("none",)`` for None. None for anything else
     (such a call is always checked)."""
-    import torch
-
     if x is None:
-        return ("none",)
-    if type(x) is torch.Tensor or isinstance(x, torch.Tensor):
-        return (x.dtype, x.shape, x.stride(), x.device)
+        return _NONE
+    if type(x) in _TENSOR_TYPES:
+        return (x.dtype, x.shape, x.stride(), x.device)  # type: ignore[attr-defined]
     if isinstance(x, QuantizedTensor):
-        if not x.has_rowwise:
+        data = x.rowwise_data
+        if data is None:
             return None
-        data, scale_inv = x.rowwise_data, x.rowwise_scale_inv
+        scale_inv = x.rowwise_scale_inv
         return (
             type(x),
             x.dtype,
             x.rowwise_format,
-            signature(data),
-            signature(scale_inv),
+            (data.dtype, data.shape, data.stride(), data.device),
+            None if scale_inv is None else signature(scale_inv),
         )
+    import torch
+
+    if isinstance(x, torch.Tensor):  # a subclass: checked as a tensor, so keyed as one
+        return (x.dtype, x.shape, x.stride(), x.device)
     return None
+
+
+_NONE = ("none",)
+_TENSOR_TYPES: set[type] = set()  # torch.Tensor and nn.Parameter once call_key has run
+
+
+def _plain_types() -> set[type]:
+    import torch
+
+    _TENSOR_TYPES.update({torch.Tensor, torch.nn.Parameter})
+    _PLAIN.update({bool, int, float, str, type(None), torch.dtype})
+    return _PLAIN
+
+
+_PLAIN: set[type] = set()  # filled on first use (torch is imported lazily)
+
+
+def call_key(operands: tuple, arguments: tuple) -> tuple | None:
+    """The key of a call (NOTE [op plans]): the :func:`signature` of every operand, and the
+    other ``arguments`` with their types (bool/int/float/str/None/torch.dtype values, or
+    enum members). None where an operand has no signature or an argument is of another type:
+    such a call is always checked."""
+    plain = _PLAIN or _plain_types()
+    sigs = tuple([_NONE if x is None else signature(x) for x in operands])
+    if None in sigs:
+        return None
+    types = tuple(map(type, arguments))
+    if not plain.issuperset(types) and not all(
+        t in plain or issubclass(t, enum.Enum) for t in types
+    ):
+        return None
+    return (sigs, arguments, types)
+
+
+# How a checked call split an operand (NOTE [op plans]): None for a plain tensor, else
+# (the FP8 dtype its uint8 rowwise data is viewed as or None, whether the data is flattened
+# to 2-D) for a QuantizedTensor.
+Split = tuple["torch.dtype | None", bool] | None
+
+
+def split_of(x: object) -> Split:
+    """How :func:`split_operand` split ``x``, which it accepted (for :func:`split_as`)."""
+    import torch
+
+    if not isinstance(x, QuantizedTensor):
+        return None
+    data = x.rowwise_data
+    view = x.rowwise_format.fp8.torch_dtype if data.dtype == torch.uint8 else None
+    return (view, data.dim() != 2)
+
+
+def split_as(x: object, how: Split) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`split_operand` of an operand whose signature is that of a checked call's
+    operand that split as ``how``: the same (data, scale_inv), without the checks."""
+    if how is None:
+        return x, None  # type: ignore[return-value]
+    data = x.rowwise_data  # type: ignore[attr-defined]
+    view, flatten = how
+    if view is not None:
+        data = data.view(view)
+    if flatten:
+        data = data.reshape(-1, data.shape[-1])
+    return data, x.rowwise_scale_inv  # type: ignore[attr-defined]
 
 
 def check_pair(op: str, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> None:
@@ -157,9 +244,29 @@ def check_pair(op: str, a: torch.Tensor, b: torch.Tensor, device: torch.device) 
 
 
 def stream_of(device: torch.device) -> int:
+    """The handle of the current stream of ``device`` (0 on the cpu), as the native ops take
+    it."""
     import torch
 
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def stream_getter(device: torch.device) -> Callable[[], int]:
+    """:func:`stream_of` ``(device)`` as a callable for the ops' fast paths (NOTE [op plans]):
+    on cuda, torch's raw handle of the current stream, which builds no ``torch.cuda.Stream``
+    (the checked path, run first, has initialised torch's CUDA state), else the general path."""
+    import torch
+
+    if device.type != "cuda":
+        return _no_stream
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        return functools.partial(stream_of, device)
+    return functools.partial(raw, device.index)
+
+
+def _no_stream() -> int:
+    return 0
 
 
 def default_fast_accum(fast_accum: bool | None, fp8: bool) -> bool:
@@ -245,28 +352,3 @@ def prepare(
     b, b_scale_inv = split_operand(op, "the weight", weight)
     check_pair(op, a, b, device)
     return a, a_scale_inv, b, b_scale_inv
-
-
-def gemm_kwargs(
-    a: torch.Tensor,
-    scale_invs: tuple[torch.Tensor | None, torch.Tensor | None],
-    *,
-    alpha: float,
-    fast_accum: bool | None,
-    sm_count: int,
-    compute_lanes: int,
-    device: torch.device,
-    transb: bool = True,
-) -> dict[str, object]:
-    """The keyword arguments every native overlap op takes (``transb``: the weight is stored
-    ``[N, K]``, a linear layer's; see :data:`WEIGHT_LAYOUTS`)."""
-    return {
-        "transb": transb,
-        "a_scale_inv": scale_invs[0],
-        "b_scale_inv": scale_invs[1],
-        "alpha": float(alpha),
-        "fast_accum": default_fast_accum(fast_accum, is_fp8(a.dtype)),
-        "sm_count": int(sm_count),
-        "compute_lanes": compute_lanes,
-        "stream": stream_of(device),
-    }

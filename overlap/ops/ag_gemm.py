@@ -25,6 +25,7 @@ from overlap.errors import InvalidArgumentError, StateError
 from overlap.ops._gathered import CallRecord, GatherState, gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     Operand,
+    call_key,
     check_flag,
     check_given_buffer,
     check_lanes,
@@ -32,11 +33,13 @@ from overlap.ops._operands import (
     check_pair,
     check_pieces,
     check_sizes,
-    gemm_kwargs,
+    default_fast_accum,
     is_fp8,
     op_device,
-    signature,
+    split_as,
+    split_of,
     split_operand,
+    stream_getter,
     stream_of,
     travels_as,
     tuning,
@@ -158,6 +161,8 @@ class AllGatherGemm:
         check_given_buffer(_OP, self.buffer, tp, nbytes)
         self._calls = CallRecord()  # the last call's gather (and whether it kept it whole)
         self._plan: _AgPlan | None = None  # the last checked call's plan (NOTE [op plans])
+        self._stream = stream_getter(self.device)
+        self._cuda = self.device.type == "cuda"
 
     def __call__(
         self,
@@ -229,53 +234,75 @@ class AllGatherGemm:
         weights = list(weight) if several else [weight]  # type: ignore[list-item]
         biases = _per_weight("bias", bias, several, len(weights))
         outs = _per_weight("out", out, several, len(weights))
-        key = _call_key(
-            (x_shard, *weights, *biases), outs,
-            (several, gelu, alpha, out_dtype, fast_accum, sm_count, weight_layout, self._tuning()),
+        key = call_key(
+            (x_shard, *weights, *biases, *outs),
+            (several, gelu, alpha, out_dtype, fast_accum, sm_count, weight_layout, self.tp,
+             self.dtype, self.in_features, self.max_tokens),
         )  # fmt: skip
         plan = self._plan
-        if plan is not None and key is not None and plan.key == key:
-            return self._run(plan, x_shard, weights, biases=biases, outs=outs, several=several,
-                             keep=keep)  # fmt: skip
+        if plan is not None and plan.key == key:  # the fast path (NOTE [op plans])
+            import torch
+
+            a, a_scale_inv = split_as(x_shard, plan.splits[0])
+            bs, b_scale_invs = [], []
+            for w, how in zip(weights, plan.splits[1:], strict=True):
+                b, b_scale_inv = split_as(w, how)
+                bs.append(b)
+                b_scale_invs.append(b_scale_inv)
+            for i, shape in plan.allocs:
+                outs[i] = torch.empty(shape, dtype=plan.alloc_dtype, device=self.device)
+            return self._issue(
+                plan, a=a, a_scale_inv=a_scale_inv, bs=bs, b_scale_invs=b_scale_invs, outs=outs,
+                biases=biases, several=several, gelu=gelu, alpha=alpha, fast_accum=fast_accum,
+                sm_count=sm_count, keep=keep, stream=self._stream(),
+            )  # fmt: skip
         return self._call_checked(
             key, x_shard, weights, biases=biases, outs=outs, several=several, gelu=gelu,
             alpha=alpha, out_dtype=out_dtype, fast_accum=fast_accum, sm_count=sm_count,
             keep=keep, weight_layout=weight_layout,
         )  # fmt: skip
 
-    def _run(
+    def _issue(
         self,
         plan: _AgPlan,
-        x_shard: Operand,
-        weights: list[Operand],
         *,
-        biases: list,
+        a: torch.Tensor,
+        a_scale_inv: torch.Tensor | None,
+        bs: list[torch.Tensor],
+        b_scale_invs: list,
         outs: list,
+        biases: list,
         several: bool,
+        gelu: bool,
+        alpha: float,
+        fast_accum: bool | None,
+        sm_count: int,
         keep: bool,
+        stream: int,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """The fast path (NOTE [op plans]): the call's signature is the plan's, so every
-        check of :meth:`_call_checked` holds; only the operands' data pointers are new."""
-        import torch
-
-        if plan.quantized:
-            a, a_scale_inv = split_operand(_OP, "the input", x_shard)
-            bs, b_scale_invs = [], []
-            for w in weights:
-                b, b_scale_inv = split_operand(_OP, "the weight", w)
-                bs.append(b)
-                b_scale_invs.append(b_scale_inv)
-        else:
-            a, a_scale_inv, bs, b_scale_invs = x_shard, None, weights, plan.no_scales
-        for i, shape in enumerate(plan.out_shapes):
-            if outs[i] is None:
-                outs[i] = torch.empty(shape, dtype=plan.alloc_dtype, device=self.device)
+        """The native op and its CallRecord entry, as both paths issue it (NOTE [op plans]):
+        ``plan`` gives what the checks derived, the call everything else."""
         native().comm_ops.ag_gemm(
-            self.buffer._core, a, bs, outs, bias=biases, a_scale_inv=a_scale_inv,
-            b_scale_inv=b_scale_invs, keep_gathered=keep, stream=stream_of(self.device),
-            **plan.kwargs,
-        )  # fmt: skip
-        self._calls.note(self.buffer, plan.last_gather, keep or self.pull_shards)
+            self.buffer._core,
+            a,
+            bs,
+            outs,
+            transb=plan.transb,
+            a_scale_inv=a_scale_inv,
+            b_scale_inv=b_scale_invs,
+            bias=biases,
+            gelu=gelu,
+            alpha=float(alpha),
+            fast_accum=default_fast_accum(fast_accum, plan.fp8),
+            sm_count=int(sm_count),
+            compute_lanes=self.compute_lanes,
+            staggered_puts=self.staggered_puts,
+            pieces=self.pieces,
+            pull_shards=self.pull_shards,
+            keep_gathered=keep,
+            stream=stream,
+        )
+        self._calls.note(self.buffer, plan.last_gather, keep or self.pull_shards, self._cuda)
         return tuple(outs) if several else outs[0]
 
     def _call_checked(
@@ -299,7 +326,6 @@ class AllGatherGemm:
         plans]) once the native op has accepted it."""
         import torch
 
-        outs_given = [o is not None for o in outs]
         if not weights:
             raise InvalidArgumentError(f"{_OP}: weight is an empty list")
         transb = weight_transposed(_OP, weight_layout)
@@ -318,7 +344,7 @@ class AllGatherGemm:
         if not a.is_contiguous():
             raise InvalidArgumentError(f"{_OP}: x_shard must be contiguous")
         alloc_dtype = out_dtype or (torch.bfloat16 if is_fp8(a.dtype) else a.dtype)
-        bs, b_scale_invs = [], []
+        bs, b_scale_invs, allocs = [], [], []
         for i, w in enumerate(weights):
             op = f"{_OP} (weight {i})" if several else _OP
             b, b_scale_inv = split_operand(op, "the weight", w)
@@ -333,7 +359,7 @@ class AllGatherGemm:
             shape = (self.tp * m, b.shape[1 - k_axis])
             o = outs[i]
             if o is None:
-                outs[i] = torch.empty(shape, dtype=alloc_dtype, device=self.device)
+                allocs.append((i, shape))
             elif tuple(o.shape) != shape or (out_dtype is not None and o.dtype != out_dtype):
                 raise InvalidArgumentError(
                     f"{op}: out must be [{shape[0]}, {shape[1]}]"
@@ -342,55 +368,28 @@ class AllGatherGemm:
                 )
             bs.append(b)
             b_scale_invs.append(b_scale_inv)
-        kwargs = gemm_kwargs(
-            a,
-            (a_scale_inv, None),
-            alpha=alpha,
-            fast_accum=fast_accum,
-            sm_count=sm_count,
-            compute_lanes=self.compute_lanes,
-            device=self.device,
-            transb=transb,
-        )
-        kwargs["b_scale_inv"] = b_scale_invs
-        out_shapes = [tuple(o.shape) for o in outs]
-        native().comm_ops.ag_gemm(
-            self.buffer._core,
-            a,
-            bs,
-            outs,
-            bias=biases,
-            gelu=gelu,
-            staggered_puts=self.staggered_puts,
-            pieces=self.pieces,
-            pull_shards=self.pull_shards,
-            keep_gathered=keep,
-            **kwargs,
-        )
+        for i, shape in allocs:
+            outs[i] = torch.empty(shape, dtype=alloc_dtype, device=self.device)
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
         hp_dtype = x_shard.dtype if isinstance(x_shard, QuantizedTensor) else a.dtype
-        self._calls.note(self.buffer, (m, hp_dtype, fmt), keep or self.pull_shards)
+        plan = _AgPlan(
+            key=key,
+            splits=[split_of(t) for t in (x_shard, *weights)],
+            allocs=allocs,
+            alloc_dtype=alloc_dtype,
+            transb=transb,
+            fp8=is_fp8(a.dtype),
+            last_gather=(m, hp_dtype, fmt),
+        )
+        result = self._issue(
+            plan, a=a, a_scale_inv=a_scale_inv, bs=bs, b_scale_invs=b_scale_invs, outs=outs,
+            biases=biases, several=several, gelu=gelu,
+            alpha=alpha, fast_accum=fast_accum, sm_count=sm_count, keep=keep,
+            stream=stream_of(self.device),
+        )  # fmt: skip
         if key is not None:
-            fixed = {k: v for k, v in kwargs.items()
-                     if k not in ("a_scale_inv", "b_scale_inv", "stream")}  # fmt: skip
-            fixed.update(gelu=gelu, staggered_puts=self.staggered_puts, pieces=self.pieces,
-                         pull_shards=self.pull_shards)  # fmt: skip
-            self._plan = _AgPlan(
-                key=key,
-                quantized=any(isinstance(t, QuantizedTensor) for t in (x_shard, *weights)),
-                out_shapes=[
-                    None if given else s for s, given in zip(out_shapes, outs_given, strict=True)
-                ],
-                alloc_dtype=alloc_dtype,
-                no_scales=[None] * len(weights),
-                kwargs=fixed,
-                last_gather=(m, hp_dtype, fmt),
-            )
-        return tuple(outs) if several else outs[0]
-
-    def _tuning(self) -> tuple:
-        """The op's tuning as its plans depend on it (attributes a caller may reassign)."""
-        return (self.compute_lanes, self.staggered_puts, self.pieces, self.pull_shards, self.tp)
+            self._plan = plan
+        return result
 
     def gathered_input(self, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
         """The input gathered by the last call: ``[tp * m, K]``, a view of the buffer (FP8:
@@ -434,32 +433,16 @@ class AllGatherGemm:
 
 @dataclass(frozen=True)
 class _AgPlan:
-    """What a checked call of :class:`AllGatherGemm` left for the calls of its signature
-    (NOTE [op plans])."""
+    """What a checked call of :class:`AllGatherGemm` derived, for the calls of its key (NOTE
+    [op plans]); it holds no tensor."""
 
-    key: tuple
-    quantized: bool  # some operand is a QuantizedTensor: split it (data view, scale_inv)
-    out_shapes: list  # per weight: the shape to allocate, or None where the caller gives out
+    key: tuple | None
+    splits: list  # the Split of the input, then of every weight
+    allocs: list  # (weight index, shape) of every output the op allocates
     alloc_dtype: torch.dtype
-    no_scales: list  # [None] per weight: the b_scale_inv of high-precision weights
-    kwargs: dict  # the native call's arguments that depend on the signature alone
+    transb: bool  # of the weight layout
+    fp8: bool  # FP8 operands: fast_accum's default
     last_gather: tuple  # CallRecord's LastGather of such a call
-
-
-def _call_key(operands: tuple, outs: list, arguments: tuple) -> tuple | None:
-    """The signature of a call: :func:`signature` of every operand (input, weights, biases)
-    and output, the call's other arguments and the op's tuning; None where some operand has
-    none or an argument is unhashable (such a call is always checked)."""
-    sigs = tuple(signature(t) for t in operands)
-    out_sigs = tuple(signature(o) for o in outs)
-    if None in sigs or None in out_sigs:
-        return None
-    key = (sigs, out_sigs, arguments)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def _per_weight(what: str, value: object, several: bool, count: int) -> list:

@@ -20,7 +20,10 @@ The side GEMM is described as for :func:`overlap.gemm.gemm` (``a``, ``b``, ``tra
 ``transb``, ``alpha``, ``beta``, ``bias``, ``gelu``, FP8 ``out_scale``/``out_amax``,
 ``fast_accum``, ``sm_count``); FP8 operands are per-tensor scaled, given as a
 :class:`~overlap.quantization.QuantizedTensor` (its rowwise data) or as an FP8 tensor with its
-``a_scale_inv`` / ``b_scale_inv`` (e.g. columnwise data for wgrad on Hopper).
+``a_scale_inv`` / ``b_scale_inv`` (e.g. columnwise data for wgrad on Hopper); its checks and
+the native call's description of it live in :mod:`overlap.ops._side_gemm`. A call with the
+signature of the op's last checked call skips the Python checks (NOTE [op plans] in
+:mod:`overlap.ops._operands`).
 
 Stream contract: as :class:`~overlap.ops.AllGatherGemm` (the current stream of the op's
 device; lanes fork from it and join back; no host synchronisation on cuda; the host
@@ -29,6 +32,7 @@ transport runs the op synchronously).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from overlap._native import native
@@ -36,6 +40,8 @@ from overlap.errors import InvalidArgumentError
 from overlap.ops._gathered import CallRecord, GatherState, gathered_input, gathered_scale_invs
 from overlap.ops._operands import (
     Operand,
+    Split,
+    call_key,
     check_count,
     check_given_buffer,
     check_op_dtype,
@@ -43,11 +49,15 @@ from overlap.ops._operands import (
     check_sizes,
     is_fp8,
     op_device,
+    split_as,
+    split_of,
     split_operand,
+    stream_getter,
     stream_of,
     travels_as,
     tuning,
 )
+from overlap.ops._side_gemm import SIDE_TENSORS, SidePlan, plan_side_gemm, side_gemm, side_gemm_as
 from overlap.quantization import QuantizedTensor
 
 if TYPE_CHECKING:
@@ -81,102 +91,6 @@ def bulk_rs_max_blocks() -> int:
     """The default bound on a :class:`ReduceScatterBesideGemm`'s reduction grid at any TP
     size: 64 blocks of 256 threads, 16 SMs' worth (NOTE [bulk_rs defaults])."""
     return int(tuning().bulk_rs_defaults(0).reduce_max_blocks)
-
-
-def _gemm_operand(
-    op: str, name: str, x: object, scale_inv: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A side-GEMM operand as (2-D data, per-tensor scale_inv or None)."""
-    import torch
-
-    if isinstance(x, torch.Tensor) and is_fp8(x.dtype):
-        if scale_inv is None:
-            raise InvalidArgumentError(
-                f"{op}: the GEMM's {name} is an FP8 tensor without {name}_scale_inv; pass it "
-                "(or a QuantizedTensor)"
-            )
-        if x.dim() != 2:
-            raise InvalidArgumentError(
-                f"{op}: the GEMM's {name} must be 2-D, got shape {tuple(x.shape)}"
-            )
-        return x, scale_inv
-    if scale_inv is not None:
-        raise InvalidArgumentError(
-            f"{op}: {name}_scale_inv is only for a bare FP8 tensor {name} (a QuantizedTensor "
-            "carries its own)"
-        )
-    return split_operand(op, f"the GEMM's {name}", x)
-
-
-def side_gemm(
-    op: str,
-    a: Operand,
-    b: Operand,
-    device: torch.device,
-    *,
-    transa: bool = False,
-    transb: bool = False,
-    out: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-    alpha: float = 1.0,
-    beta: float = 0.0,
-    bias: torch.Tensor | None = None,
-    gelu: bool = False,
-    a_scale_inv: torch.Tensor | None = None,
-    b_scale_inv: torch.Tensor | None = None,
-    out_scale: torch.Tensor | None = None,
-    out_amax: torch.Tensor | None = None,
-    fast_accum: bool | None = None,
-    sm_count: int = 0,
-) -> dict[str, Any]:
-    """The side GEMM of a bulk op as the native call's ``gemm`` dict (``out`` allocated when
-    not given: ``[m, n]`` of ``out_dtype``, default the inputs' dtype, bfloat16 for FP8).
-    Also the reference's description of the same GEMM (:mod:`overlap.ops.reference`)."""
-    import torch
-
-    ad, asi = _gemm_operand(op, "a", a, a_scale_inv)
-    bd, bsi = _gemm_operand(op, "b", b, b_scale_inv)
-    for name, t in (("a", ad), ("b", bd)):
-        if t.device != device:
-            raise InvalidArgumentError(
-                f"{op}: the GEMM's {name} is on {t.device}, the op on {device}"
-            )
-    if is_fp8(ad.dtype) != is_fp8(bd.dtype) or (not is_fp8(ad.dtype) and ad.dtype != bd.dtype):
-        raise InvalidArgumentError(
-            f"{op}: the GEMM's a ({ad.dtype}) and b ({bd.dtype}) must both be FP8 or share one "
-            "dtype"
-        )
-    m = ad.shape[1] if transa else ad.shape[0]
-    n = bd.shape[0] if transb else bd.shape[1]
-    if out is None:
-        if beta != 0.0:
-            raise InvalidArgumentError(f"{op}: beta={beta} accumulates into out: pass out=")
-        if out_dtype is None:
-            out_dtype = torch.bfloat16 if is_fp8(ad.dtype) else ad.dtype
-        out = torch.empty((m, n), dtype=out_dtype, device=device)
-    elif tuple(out.shape) != (m, n) or (out_dtype is not None and out.dtype != out_dtype):
-        raise InvalidArgumentError(
-            f"{op}: the GEMM's out must be [{m}, {n}]"
-            + (f" of {out_dtype}" if out_dtype is not None else "")
-            + f", got {out.dtype}{list(out.shape)}"
-        )
-    return {
-        "a": ad,
-        "b": bd,
-        "out": out,
-        "transa": bool(transa),
-        "transb": bool(transb),
-        "a_scale_inv": asi,
-        "b_scale_inv": bsi,
-        "alpha": float(alpha),
-        "beta": float(beta),
-        "bias": bias,
-        "gelu": bool(gelu),
-        "out_scale": out_scale,
-        "out_amax": out_amax,
-        "fast_accum": is_fp8(ad.dtype) if fast_accum is None else bool(fast_accum),
-        "sm_count": int(sm_count),
-    }
 
 
 class AllGatherBesideGemm:
@@ -228,6 +142,9 @@ class AllGatherBesideGemm:
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_AG, self.buffer, tp, nbytes)
         self._calls = CallRecord()  # the last call's gather
+        self._plan: _GatherPlan | None = None  # the last checked call's plan (NOTE [op plans])
+        self._stream = stream_getter(self.device)
+        self._cuda = self.device.type == "cuda"
 
     def __call__(
         self,
@@ -261,6 +178,17 @@ class AllGatherBesideGemm:
             CommTimeoutError: a peer did not take part in time (cuda: raised by the next op
                 or ``comm.synchronize()``).
         """
+        names = tuple(gemm)
+        key = call_key(
+            (x_shard, a, b, *[gemm[k] for k in names if k in SIDE_TENSORS]),
+            (len(names), *names, *[gemm[k] for k in names if k not in SIDE_TENSORS], self.tp,
+             self.dtype, self.in_features, self.max_tokens),
+        )  # fmt: skip
+        plan = self._plan
+        if plan is not None and plan.key == key:  # the fast path (NOTE [op plans])
+            data, scale_inv = split_as(x_shard, plan.split)
+            g = side_gemm_as(plan.side, a, b, self.device, **gemm)
+            return self._issue(plan, data, scale_inv, g, self._stream())
         data, scale_inv = split_operand(_AG, "x_shard", x_shard)
         m, k = data.shape
         if (
@@ -279,16 +207,30 @@ class AllGatherBesideGemm:
             raise InvalidArgumentError(
                 f"{_AG}: x_shard is on {data.device}, the op on {self.device}"
             )
-        g = side_gemm(_AG, a, b, self.device, **gemm)
-        native().comm_ops.all_gather_beside_gemm(
-            self.buffer._core,
-            data,
-            g,
-            shard_scale_inv=scale_inv,
-            stream=stream_of(self.device),
-        )
+        side = plan_side_gemm(_AG, a, b, self.device, **gemm)
         fmt = x_shard.rowwise_format if isinstance(x_shard, QuantizedTensor) else None
-        self._calls.note(self.buffer, (m, x_shard.dtype, fmt), True)
+        plan = _GatherPlan(key, split_of(x_shard), side, (m, x_shard.dtype, fmt))
+        out = self._issue(
+            plan, data, scale_inv, side_gemm_as(side, a, b, self.device, **gemm),
+            stream_of(self.device),
+        )  # fmt: skip
+        if key is not None:
+            self._plan = plan
+        return out
+
+    def _issue(
+        self,
+        plan: _GatherPlan,
+        data: torch.Tensor,
+        scale_inv: torch.Tensor | None,
+        g: dict[str, Any],
+        stream: int,
+    ) -> torch.Tensor:
+        """The native op and its CallRecord entry, as both paths issue it (NOTE [op plans])."""
+        native().comm_ops.all_gather_beside_gemm(
+            self.buffer._core, data, g, shard_scale_inv=scale_inv, stream=stream
+        )
+        self._calls.note(self.buffer, plan.last_gather, True, self._cuda)
         return g["out"]
 
     def gathered_input(self, *, check_scales: bool = True) -> torch.Tensor | QuantizedTensor:
@@ -397,6 +339,8 @@ class ReduceScatterBesideGemm:
         self._owns_buffer = buffer is None
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_RS, self.buffer, tp, nbytes)
+        self._plan: _ScatterPlan | None = None  # the last checked call's plan (NOTE [op plans])
+        self._stream = stream_getter(self.device)
 
     def __call__(
         self,
@@ -442,6 +386,45 @@ class ReduceScatterBesideGemm:
                 the buffer left usable.
             CommTimeoutError: a peer did not take part in time.
         """
+        names = tuple(gemm)
+        side_kw = {"out": gemm_out, "out_dtype": gemm_out_dtype, "out_scale": gemm_out_scale,
+                   "out_amax": gemm_out_amax, **gemm}  # fmt: skip
+        key = call_key(
+            (x, a, b, out, out_scale, out_amax, out_scale_inv, gemm_out, gemm_out_scale,
+             gemm_out_amax, *[gemm[k] for k in names if k in SIDE_TENSORS]),
+            (out_dtype, gemm_out_dtype, len(names), *names,
+             *[gemm[k] for k in names if k not in SIDE_TENSORS], self.tp, self.dtype,
+             self.max_tokens, self.features),
+        )  # fmt: skip
+        plan = self._plan
+        if plan is not None and plan.key == key:  # the fast path (NOTE [op plans])
+            if out is None:
+                import torch
+
+                out = torch.empty(plan.shape, dtype=plan.out_dtype, device=self.device)
+            g = side_gemm_as(plan.side, a, b, self.device, **side_kw)
+            return self._issue(x, out, g, out_scale, out_scale_inv, out_amax, self._stream())
+        return self._call_checked(
+            key, x, a, b, out=out, out_dtype=out_dtype, out_scale=out_scale, out_amax=out_amax,
+            out_scale_inv=out_scale_inv, side_kw=side_kw,
+        )  # fmt: skip
+
+    def _call_checked(
+        self,
+        key: tuple | None,
+        x: torch.Tensor,
+        a: Operand,
+        b: Operand,
+        *,
+        out: torch.Tensor | None,
+        out_dtype: torch.dtype | None,
+        out_scale: torch.Tensor | None,
+        out_amax: torch.Tensor | None,
+        out_scale_inv: torch.Tensor | None,
+        side_kw: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slow path: every check, then the op; records the call's plan (NOTE [op
+        plans]) once the native op has accepted it."""
         import torch
 
         if not isinstance(x, torch.Tensor) or str(x.dtype) != str(self.dtype) or x.dim() != 2:
@@ -468,24 +451,31 @@ class ReduceScatterBesideGemm:
         if is_fp8(out_dtype) and out_scale is None:
             raise InvalidArgumentError(f"{_RS}: an FP8 output needs out_scale")
         shape = (rows // self.tp, cols)
-        if out is None:
-            out = torch.empty(shape, dtype=out_dtype, device=self.device)
-        elif tuple(out.shape) != shape or out.dtype != out_dtype:
+        if out is not None and (tuple(out.shape) != shape or out.dtype != out_dtype):
             raise InvalidArgumentError(
                 f"{_RS}: out must be {out_dtype}[{shape[0]}, {shape[1]}], got "
                 f"{out.dtype}{list(out.shape)}"
             )
-        g = side_gemm(
-            _RS,
-            a,
-            b,
-            self.device,
-            out=gemm_out,
-            out_dtype=gemm_out_dtype,
-            out_scale=gemm_out_scale,
-            out_amax=gemm_out_amax,
-            **gemm,
-        )
+        side = plan_side_gemm(_RS, a, b, self.device, **side_kw)
+        if out is None:
+            out = torch.empty(shape, dtype=out_dtype, device=self.device)
+        g = side_gemm_as(side, a, b, self.device, **side_kw)
+        result = self._issue(x, out, g, out_scale, out_scale_inv, out_amax, stream_of(self.device))
+        if key is not None:
+            self._plan = _ScatterPlan(key, shape, out_dtype, side)
+        return result
+
+    def _issue(  # noqa: PLR0917 (one call site per path)
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        g: dict[str, Any],
+        out_scale: torch.Tensor | None,
+        out_scale_inv: torch.Tensor | None,
+        out_amax: torch.Tensor | None,
+        stream: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The native op, as both paths issue it (NOTE [op plans]): the op's tuning read now."""
         native().comm_ops.reduce_scatter_beside_gemm(
             self.buffer._core,
             x,
@@ -497,7 +487,7 @@ class ReduceScatterBesideGemm:
             reduce_max_blocks=self.reduce_max_blocks,
             gemm_sm_margin=self.gemm_sm_margin,
             pieces=self.pieces,
-            stream=stream_of(self.device),
+            stream=stream,
         )
         return out, g["out"]
 
@@ -505,3 +495,25 @@ class ReduceScatterBesideGemm:
         """Free the buffer if the op created it. Idempotent; not collective."""
         if self._owns_buffer:
             self.buffer.destroy()
+
+
+@dataclass(frozen=True)
+class _GatherPlan:
+    """What a checked call of :class:`AllGatherBesideGemm` derived, for the calls of its key
+    (NOTE [op plans]); it holds no tensor."""
+
+    key: tuple | None
+    split: Split  # of x_shard
+    side: SidePlan
+    last_gather: tuple  # CallRecord's LastGather of such a call
+
+
+@dataclass(frozen=True)
+class _ScatterPlan:
+    """What a checked call of :class:`ReduceScatterBesideGemm` derived, for the calls of its
+    key (NOTE [op plans]); it holds no tensor."""
+
+    key: tuple
+    shape: tuple[int, int]  # of the output the op allocates when the call gives none
+    out_dtype: torch.dtype  # likewise
+    side: SidePlan

@@ -29,12 +29,14 @@ device; no host synchronisation on cuda; synchronous on the host transport).
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from overlap._native import native
 from overlap.errors import InvalidArgumentError
 from overlap.ops._operands import (
     Operand,
+    call_key,
     check_count,
     check_flag,
     check_given_buffer,
@@ -42,16 +44,17 @@ from overlap.ops._operands import (
     check_op_dtype,
     check_pieces,
     check_sizes,
-    gemm_kwargs,
+    default_fast_accum,
     is_fp8,
     op_device,
     prepare,
-    signature,
+    split_as,
+    split_of,
+    stream_getter,
     stream_of,
     tuning,
     weight_transposed,
 )
-from overlap.quantization import QuantizedTensor
 
 if TYPE_CHECKING:
     import torch
@@ -72,13 +75,20 @@ class RsMethod(str, enum.Enum):
 
     @property
     def native(self) -> object:
-        """The binding's ``RsMethod`` member of the same name."""
-        return getattr(tuning().RsMethod, self.name)
+        """The binding's ``RsMethod`` member of the same name (remembered: every call reads
+        it)."""
+        member = _NATIVE_METHODS.get(self._value_)
+        if member is None:
+            member = _NATIVE_METHODS[self._value_] = getattr(tuning().RsMethod, self.name)
+        return member
 
     @classmethod
     def of_native(cls, value: object) -> RsMethod:
         """The member of a binding ``RsMethod`` value."""
         return cls[value.name]  # type: ignore[attr-defined]
+
+
+_NATIVE_METHODS: dict[str, object] = {}  # RsMethod value -> the binding's member
 
 
 def rs_method(value: RsMethod | str | None) -> RsMethod:
@@ -227,9 +237,8 @@ class GemmReduceScatter:
         self._owns_buffer = buffer is None
         self.buffer = comm.create_buffer(nbytes, name) if buffer is None else buffer
         check_given_buffer(_OP, self.buffer, tp, nbytes)
-        # The last checked call's (key, quantized, out shape, fixed native keywords): NOTE
-        # [op plans].
-        self._plan: tuple | None = None
+        self._plan: _RsPlan | None = None  # the last checked call's plan (NOTE [op plans])
+        self._stream = stream_getter(self.device)
 
     def __call__(
         self,
@@ -276,26 +285,49 @@ class GemmReduceScatter:
                 the buffer left usable (e.g. ``M`` not a multiple of the TP size).
             CommTimeoutError: a peer did not take part in time.
         """
+        key = call_key(
+            (x, weight, out, out_scale, out_amax, out_scale_inv),
+            (alpha, fast_accum, sm_count, weight_layout, self.tp, self.max_tokens,
+             self.out_features, self.out_dtype),
+        )  # fmt: skip
+        plan = self._plan
+        if plan is not None and plan.key == key:  # the fast path (NOTE [op plans])
+            a, a_scale_inv = split_as(x, plan.splits[0])
+            b, b_scale_inv = split_as(weight, plan.splits[1])
+            if out is None:
+                import torch
+
+                out = torch.empty(plan.shape, dtype=self.out_dtype, device=self.device)
+            return self._issue(
+                plan, a=a, a_scale_inv=a_scale_inv, b=b, b_scale_inv=b_scale_inv, out=out,
+                out_scale=out_scale, out_amax=out_amax, out_scale_inv=out_scale_inv,
+                alpha=alpha, fast_accum=fast_accum, sm_count=sm_count, stream=self._stream(),
+            )  # fmt: skip
+        return self._call_checked(
+            key, x, weight, alpha=alpha, out=out, out_scale=out_scale, out_amax=out_amax,
+            out_scale_inv=out_scale_inv, fast_accum=fast_accum, sm_count=sm_count,
+            weight_layout=weight_layout,
+        )  # fmt: skip
+
+    def _call_checked(
+        self,
+        key: tuple | None,
+        x: Operand,
+        weight: Operand,
+        *,
+        alpha: float,
+        out: torch.Tensor | None,
+        out_scale: torch.Tensor | None,
+        out_amax: torch.Tensor | None,
+        out_scale_inv: torch.Tensor | None,
+        fast_accum: bool | None,
+        sm_count: int,
+        weight_layout: str,
+    ) -> torch.Tensor:
+        """The slow path: every check, then the op; records the call's plan (NOTE [op
+        plans]) once the native op has accepted it."""
         import torch
 
-        key = (signature(x), signature(weight), signature(out), signature(out_scale),
-               signature(out_amax), signature(out_scale_inv), alpha, fast_accum, sm_count,
-               weight_layout, self._tuning())  # fmt: skip
-        plan = self._plan
-        if plan is not None and plan[0] == key:  # the fast path (NOTE [op plans])
-            _, quantized, shape, kwargs = plan
-            if quantized:
-                a, a_scale_inv, b, b_scale_inv = prepare(_OP, x, weight, self.device)
-            else:
-                a, a_scale_inv, b, b_scale_inv = x, None, weight, None
-            if out is None:
-                out = torch.empty(shape, dtype=self.out_dtype, device=self.device)
-            native().comm_ops.gemm_rs(
-                self.buffer._core, a, b, out, out_scale=out_scale, out_amax=out_amax,
-                out_scale_inv=out_scale_inv, a_scale_inv=a_scale_inv, b_scale_inv=b_scale_inv,
-                stream=stream_of(self.device), **kwargs,
-            )  # fmt: skip
-            return out
         transb = weight_transposed(_OP, weight_layout)
         a, a_scale_inv, b, b_scale_inv = prepare(_OP, x, weight, self.device)
         rows, k = a.shape
@@ -320,42 +352,62 @@ class GemmReduceScatter:
             )
         if is_fp8(self.out_dtype) and out_scale is None:
             raise InvalidArgumentError(f"{_OP}: an FP8 output needs out_scale")
-        kwargs = gemm_kwargs(
-            a,
-            (a_scale_inv, b_scale_inv),
-            alpha=alpha,
-            fast_accum=fast_accum,
-            sm_count=sm_count,
-            compute_lanes=self.compute_lanes,
-            device=self.device,
+        plan = _RsPlan(
+            key=key,
+            splits=(split_of(x), split_of(weight)),
+            shape=shape,
             transb=transb,
+            fp8=is_fp8(a.dtype),
         )
+        self._issue(
+            plan, a=a, a_scale_inv=a_scale_inv, b=b, b_scale_inv=b_scale_inv, out=out,
+            out_scale=out_scale, out_amax=out_amax, out_scale_inv=out_scale_inv, alpha=alpha,
+            fast_accum=fast_accum, sm_count=sm_count, stream=stream_of(self.device),
+        )  # fmt: skip
+        if key is not None:
+            self._plan = plan
+        return out
+
+    def _issue(
+        self,
+        plan: _RsPlan,
+        *,
+        a: torch.Tensor,
+        a_scale_inv: torch.Tensor | None,
+        b: torch.Tensor,
+        b_scale_inv: torch.Tensor | None,
+        out: torch.Tensor,
+        out_scale: torch.Tensor | None,
+        out_amax: torch.Tensor | None,
+        out_scale_inv: torch.Tensor | None,
+        alpha: float,
+        fast_accum: bool | None,
+        sm_count: int,
+        stream: int,
+    ) -> torch.Tensor:
+        """The native op, as both paths issue it (NOTE [op plans]): ``plan`` gives what the
+        checks derived, the call and the op's tuning everything else."""
         native().comm_ops.gemm_rs(
             self.buffer._core,
             a,
             b,
             out,
+            transb=plan.transb,
+            a_scale_inv=a_scale_inv,
+            b_scale_inv=b_scale_inv,
             out_scale=out_scale,
             out_amax=out_amax,
             out_scale_inv=out_scale_inv,
-            reduce_max_blocks=self.reduce_max_blocks,
+            alpha=float(alpha),
+            fast_accum=default_fast_accum(fast_accum, plan.fp8),
+            sm_count=int(sm_count),
             method=self.method.native,
+            compute_lanes=self.compute_lanes,
+            reduce_max_blocks=self.reduce_max_blocks,
+            stream=stream,
             **self._method_knobs(),
-            **kwargs,
         )
-        if None not in key[:6]:  # every operand has a signature: plan it (NOTE [op plans])
-            fixed = {k: v for k, v in kwargs.items()
-                     if k not in ("a_scale_inv", "b_scale_inv", "stream")}  # fmt: skip
-            fixed.update(reduce_max_blocks=self.reduce_max_blocks, method=self.method.native,
-                         **self._method_knobs())  # fmt: skip
-            quantized = isinstance(x, QuantizedTensor) or isinstance(weight, QuantizedTensor)
-            self._plan = (key, quantized, shape, fixed)
         return out
-
-    def _tuning(self) -> tuple:
-        """The op's tuning as its plans depend on it (attributes a caller may reassign)."""
-        return (self.method, self.compute_lanes, self.reduce_max_blocks, self.ring_subchunks,
-                self.pieces, self.pull_shards, self.out_dtype, self.tp)  # fmt: skip
 
     def _method_knobs(self) -> dict[str, object]:
         """The method's own tuning, as the native call takes it (the other method's knobs are
@@ -369,3 +421,15 @@ class GemmReduceScatter:
         not collective."""
         if self._owns_buffer:
             self.buffer.destroy()
+
+
+@dataclass(frozen=True)
+class _RsPlan:
+    """What a checked call of :class:`GemmReduceScatter` derived, for the calls of its key
+    (NOTE [op plans]); it holds no tensor."""
+
+    key: tuple | None
+    splits: tuple  # the Split of the input and of the weight
+    shape: tuple[int, int]  # of the output the op allocates
+    transb: bool  # of the weight layout
+    fp8: bool  # FP8 operands: fast_accum's default

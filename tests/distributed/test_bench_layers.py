@@ -74,6 +74,21 @@ def test_host_time_benchmark_on_cpu(tmp_path: Path) -> None:
     assert all(r["host_us"] > 0 for r in rows)
 
 
+def test_host_time_ops_benchmark_on_cpu(tmp_path: Path) -> None:
+    """``--ops``: each op's whole call and its Python alone (the native op a no-op), and one
+    plain GEMM."""
+    out = tmp_path / "host_time_ops.json"
+    cmd = [sys.executable, "-m", "benchmarks.host_time", "--ops", "--iters", "3", "--json",
+           str(out)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {r["op"]: r for r in json.loads(out.read_text())["rows"]}
+    ops = ("ag_gemm", "ag_gemm_fp8", "ag_gemm_3w", "gemm_rs", "ag_beside_gemm", "rs_beside_gemm")
+    assert set(rows) == {*ops, "gemm"}
+    assert all(rows[o]["host_us"] > 0 and rows[o]["python_us"] > 0 for o in ops), rows
+    assert rows["gemm"]["host_us"] > 0
+
+
 @pytest.mark.mpi
 def test_ub_memory_benchmark_on_host() -> None:
     """benchmarks.ub_memory prints each handle's bytes per rank against 2 * T * H * 2."""

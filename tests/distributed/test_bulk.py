@@ -11,7 +11,7 @@ import pytest
 from tests.distributed.launcher import run_workers
 
 LAYOUTS = [(2, 2), (4, 4), (4, 2)]  # (ranks, TP size): (4, 2) is two TP groups of two
-SCENARIOS = ["correctness", "delayed", "negative"]
+SCENARIOS = ["correctness", "delayed", "negative", "plans"]
 
 
 def _id(n: int, tp: int) -> str:

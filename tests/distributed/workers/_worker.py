@@ -86,6 +86,36 @@ def expect_raises(exc_type: type[BaseException], match: str, fn: Callable[[], ob
     raise AssertionError(f"expected {exc_type.__name__} matching {match!r}, nothing raised")
 
 
+def count_calls(module: Any, name: str) -> list[int]:
+    """Wraps ``module.<name>`` (for the rest of the process) so that each call appends to the
+    returned list: e.g. a function only an op's checked path calls (NOTE [op plans])."""
+    real = getattr(module, name)
+    calls: list[int] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    setattr(module, name, counted)
+    return calls
+
+
+def same_error(planned: Callable[[], object], fresh: Callable[[], object]) -> None:
+    """Both calls raise the same typed error with the same message (an op with a plan, and one
+    without: NOTE [op plans])."""
+    from overlap.errors import OverlapError
+
+    errors = []
+    for call in (planned, fresh):
+        try:
+            call()
+        except OverlapError as exc:
+            errors.append(exc)
+        else:
+            raise AssertionError("expected an OverlapError, nothing raised")
+    assert type(errors[0]) is type(errors[1]) and str(errors[0]) == str(errors[1]), errors
+
+
 def per_tensor_fp8(x: torch.Tensor, scale: float) -> Any:
     """``x`` as a per-tensor E4M3 :class:`~overlap.quantization.QuantizedTensor` (rowwise
     data, scaled by ``scale``), on ``x``'s device."""

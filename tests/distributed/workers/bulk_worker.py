@@ -1,7 +1,7 @@
 """Bulk overlap ops against their references (plain collective + plain GEMM).
 
 Usage: bulk_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, delayed, negative, mismatch, timeout, backlog.
+Scenarios: correctness, delayed, negative, plans, mismatch, timeout, backlog.
 
 The collectives are compared bit for bit on both transports (the gathered bytes and scales;
 the reduce-scatter sums in rank order with fp32 accumulation, as the reference does). The side
@@ -21,6 +21,7 @@ from collections.abc import Callable
 import _worker
 import torch
 
+import overlap.ops.bulk as bulk_module
 from overlap.comm import Communicator, TorchBootstrap
 from overlap.errors import CommTimeoutError, InvalidArgumentError, StateError
 from overlap.gemm import gemm
@@ -383,6 +384,99 @@ def backlog(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
     assert time.monotonic() - t0 < 5.0, "the device did not drain"
 
 
+def plans(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """NOTE [op plans] over several ranks: each bulk op, BF16 and FP8 (the side GEMM's
+    QuantizedTensors, or raw FP8 data with its scale_inv, new on every call). A call with the
+    planned signature takes the fast path (the side GEMM's checks are not called) and returns,
+    bit for bit, what an op without a plan returns (checked); changed metadata or arguments
+    take the checked path and raise what that op raises; the op stays usable."""
+    checked = _worker.count_calls(bulk_module, "plan_side_gemm")
+    for use_fp8 in (False, True):
+        _plans_all_gather(comm, tp, gen, use_fp8, checked)
+        _plans_reduce_scatter(comm, tp, gen, use_fp8, checked)
+
+
+def _plans_all_gather(
+    comm: Communicator, tp: TorchBootstrap, gen: torch.Generator, use_fp8: bool, checked: list
+) -> None:
+    n, m, k = tp.size, 8, 32
+    dtype = E4M3 if use_fp8 else torch.bfloat16
+    op = AllGatherBesideGemm(comm, n * m, k, dtype)
+    fresh = AllGatherBesideGemm(comm, n * m, k, dtype)  # its plan is dropped before every call
+    what = f"plans bulk all-gather fp8={use_fp8}"
+    for i in range(4):
+        x = rand(m, k, gen)
+        xs = fp8(x, 8.0 * (i + 1)) if use_fp8 else x  # one scale on every rank, new per call
+        a, b, kw = side_operands((32, 16, 48), use_fp8, False, gen)
+        before = len(checked)
+        y = op(xs, a, b, **kw)
+        assert len(checked) == before + (i == 0), f"{what}: call {i} took the checked path"
+        view = op.gathered_input()
+        data = (view.rowwise_data if use_fp8 else view).clone()
+        fresh._plan = None
+        want = fresh(xs, a, b, **kw)
+        assert torch.equal(y, want), f"{what}: call {i}: fast != checked"
+        fresh_view = fresh.gathered_input()
+        same_bytes(data, fresh_view.rowwise_data if use_fp8 else fresh_view, what)
+        gathered, ref = all_gather_beside_gemm_reference(xs, a, b, group=tp.group, **kw)
+        close(y, ref, f"{what}: call {i}", use_fp8)
+        same_bytes(data, gathered, f"{what}: call {i}: gathered")
+    # Changes of metadata or arguments: the checked path's typed errors, on every rank.
+    other = rand(m, k + 16, gen)
+    for args, extra in (
+        ((fp8(other, 1.0) if use_fp8 else other, a, b), {}),
+        ((xs, a, rand(8, 16, gen)), {}),  # inner dimensions (the core checks them)
+        ((xs, a, b), {"beta": 1.0}),
+        ((xs, a, b), {"out": torch.empty(1, 1, device=DEVICE)}),
+        ((xs.rowwise_data if use_fp8 else xs.to(E4M3), a, b), {}),
+    ):
+        fresh._plan = None
+        kwargs = {**kw, **extra}
+        _worker.same_error(lambda: op(*args, **kwargs), lambda: fresh(*args, **kwargs))  # noqa: B023
+    before = len(checked)
+    close(op(xs, a, b, **kw), ref, f"{what}: after rejected calls", use_fp8)
+    assert len(checked) == before, f"{what}: the plan did not survive rejected calls"
+    op.destroy()
+    fresh.destroy()
+
+
+def _plans_reduce_scatter(
+    comm: Communicator, tp: TorchBootstrap, gen: torch.Generator, use_fp8: bool, checked: list
+) -> None:
+    n, m, k = tp.size, 8, 32
+    op = ReduceScatterBesideGemm(comm, n * m, k, torch.bfloat16)
+    fresh = ReduceScatterBesideGemm(comm, n * m, k, torch.bfloat16)
+    what = f"plans bulk reduce-scatter fp8={use_fp8}"
+    for i in range(4):
+        partial = rand(n * m, k, gen, 3.0)
+        a, b, kw = side_operands((48, 64, 32), use_fp8, True, gen)  # new scale_invs
+        before = len(checked)
+        out, y = op(partial, a, b, **kw)
+        assert len(checked) == before + (i == 0), f"{what}: call {i} took the checked path"
+        fresh._plan = None
+        want, want_y = fresh(partial, a, b, **kw)
+        assert torch.equal(out, want) and torch.equal(y, want_y), f"{what}: fast != checked"
+        ref, ref_y = reduce_scatter_beside_gemm_reference(partial, a, b, group=tp.group, **kw)
+        same_bytes(out, ref, f"{what}: call {i}: output")
+        close(y, ref_y, f"{what}: call {i}: GEMM", use_fp8)
+    for args, extra in (
+        ((rand(n * m + n, k, gen), a, b), {}),
+        ((partial.float(), a, b), {}),
+        ((partial, a, b), {"out_dtype": E4M3}),
+        ((partial, a, b), {"out": torch.empty(1, 1, dtype=torch.bfloat16, device=DEVICE)}),
+        ((partial, a, b), {"gemm_out": torch.empty(1, 1, dtype=torch.bfloat16, device=DEVICE)}),
+    ):
+        fresh._plan = None
+        kwargs = {**kw, **extra}
+        _worker.same_error(lambda: op(*args, **kwargs), lambda: fresh(*args, **kwargs))  # noqa: B023
+    before = len(checked)
+    out, _ = op(partial, a, b, **kw)
+    same_bytes(out, ref, f"{what}: after rejected calls")
+    assert len(checked) == before, f"{what}: the plan did not survive rejected calls"
+    op.destroy()
+    fresh.destroy()
+
+
 def main() -> None:
     global DEVICE
     scenario, transport, launch, DEVICE, tp = _worker.setup(sys.argv)
@@ -393,6 +487,7 @@ def main() -> None:
         "correctness": correctness,
         "delayed": delayed,
         "negative": negative,
+        "plans": plans,
         "mismatch": mismatch,
         "timeout": timeout,
         "backlog": backlog,

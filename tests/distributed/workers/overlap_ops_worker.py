@@ -1,8 +1,8 @@
 """Comm-GEMM overlap ops against their references (plain collective + plain GEMM).
 
 Usage: overlap_ops_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, delayed, negative, mismatch, timeout, timeout_pull, timeout_ring,
-ring_then_pipelined, pieces_then_one.
+Scenarios: correctness, delayed, negative, plans, mismatch, timeout, timeout_pull,
+timeout_ring, ring_then_pipelined, pieces_then_one.
 
 On the host transport the GEMM is the float64-accurate reference, so the overlapped ops must
 match the references bit for bit (chunking rows does not change a row's value, and both sum
@@ -24,6 +24,7 @@ from collections.abc import Callable
 import _worker
 import torch
 
+import overlap.ops.ag_gemm as ag_module
 from overlap.comm import Communicator, SymmetricBuffer, TorchBootstrap
 from overlap.errors import (
     CommTimeoutError,
@@ -586,6 +587,75 @@ def _absent_rank(tp: TorchBootstrap, buffer: object, op: str, call: Callable[[],
         raise AssertionError(f"{op} with an absent rank did not time out")
 
 
+def plans(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """NOTE [op plans] over several ranks: FP8 AG+GEMM (every rank its own scale_inv, new on
+    every call) and several weights (BF16 and FP8). A call with the planned signature takes
+    the fast path (the checked path's function is not called) and returns, bit for bit, what
+    an op without a plan returns for the same operands (checked); changed metadata or
+    arguments take the checked path and raise what that op raises; the op stays usable."""
+    checked = _worker.count_calls(ag_module, "weight_transposed")
+    for use_fp8, widths in ((True, (48,)), (True, (48, 16, 32)), (False, (48, 16, 32))):
+        _plans_case(comm, tp, gen, use_fp8, widths, checked)
+
+
+def _plans_case(  # noqa: PLR0917
+    comm: Communicator,
+    tp: TorchBootstrap,
+    gen: torch.Generator,
+    use_fp8: bool,
+    widths: tuple[int, ...],
+    checked: list[int],
+) -> None:
+    n, m, k = tp.size, 8, 32
+    dtype = E4M3 if use_fp8 else torch.bfloat16
+
+    def prep(t: torch.Tensor, scale: float) -> object:
+        return fp8(t, scale) if use_fp8 else t
+
+    op = AllGatherGemm(comm, n * m, k, dtype)
+    fresh = AllGatherGemm(comm, n * m, k, dtype)  # its plan is dropped before every call
+    ws = [prep(rand(width, k, gen, 0.1), 64.0 * (i + 1)) for i, width in enumerate(widths)]
+    several = len(ws) > 1
+    weight = ws if several else ws[0]
+    what = f"plans fp8={use_fp8} weights={len(ws)}"
+    for i in range(4):
+        xs = prep(rand(m, k, gen), 4.0 * (1 + tp.rank) * (i + 1))  # new scale_invs
+        before = len(checked)
+        got = op(xs, weight, keep_gathered=True)
+        assert len(checked) == before + (i == 0), f"{what}: call {i} took the checked path"
+        got = got if several else (got,)
+        scales = op.gathered_scale_invs().clone() if use_fp8 else None
+        fresh._plan = None
+        want = fresh(xs, weight, keep_gathered=True)
+        want = want if several else (want,)
+        for j, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert torch.equal(g, w), f"{what}: call {i} weight {j}: fast != checked"
+            ref, _ = all_gather_gemm_reference(xs, ws[j], group=tp.group)
+            close(g, ref, f"{what}: call {i} weight {j}", use_fp8)
+        if use_fp8:
+            assert torch.equal(scales, fresh.gathered_scale_invs()), f"{what}: scale_invs"
+    # Changes of metadata or arguments: the checked path's typed errors, on every rank.
+    bad_w = [*ws[:-1], prep(rand(widths[-1], k + 16, gen), 1.0)]
+    tiny = torch.empty(1, 1, device=DEVICE)
+    for args, kwargs in (
+        ((prep(rand(m, k + 16, gen), 1.0), weight), {}),
+        ((prep(rand(n * m + 1, k, gen), 1.0), weight), {}),
+        ((xs, bad_w if several else bad_w[0]), {}),
+        ((xs, weight), {"weight_layout": "kk"}),
+        ((xs, weight), {"out": [tiny] * len(ws) if several else tiny}),
+        ((xs.rowwise_data if use_fp8 else xs.to(E4M3), weight), {}),
+    ):
+        fresh._plan = None
+        _worker.same_error(lambda: op(*args, **kwargs), lambda: fresh(*args, **kwargs))  # noqa: B023
+    before = len(checked)
+    got = op(xs, weight)  # still planned, and usable
+    assert len(checked) == before, f"{what}: the plan did not survive rejected calls"
+    for j, g in enumerate(got if several else (got,)):
+        close(g, all_gather_gemm_reference(xs, ws[j], group=tp.group)[0], what, use_fp8)
+    op.destroy()
+    fresh.destroy()
+
+
 def main() -> None:
     global DEVICE
     scenario, transport, launch, DEVICE, tp = _worker.setup(sys.argv)
@@ -596,6 +666,7 @@ def main() -> None:
         "correctness": correctness,
         "delayed": delayed,
         "negative": negative,
+        "plans": plans,
         "timeout": timeout,
         "timeout_pull": timeout_pull,
         "timeout_ring": timeout_ring,
