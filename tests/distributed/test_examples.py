@@ -34,9 +34,12 @@ def test_mlp_block_example(flags: list[str]) -> None:
     assert losses[-1] < losses[0], f"the loss did not fall: {losses}"
 
 
-def _train_gpt_against_one_process(nprocs: int, flags: list[str], env: dict[str, str]) -> None:
+def _train_gpt_against_one_process(
+    nprocs: int, flags: list[str], env: dict[str, str], tol: float = 0.02
+) -> list[float]:
     """Run examples/train_gpt.py --compare under mpirun: it must exit cleanly, print a loss
-    for every step, stay within 2% of the one-process losses, and its loss must fall."""
+    for every step, stay within ``tol`` (relative) of the one-process losses, and its loss
+    must fall. Returns the losses."""
     mpirun = shutil.which(settings().mpirun)
     if mpirun is None:
         pytest.skip("mpirun not found")
@@ -53,8 +56,9 @@ def _train_gpt_against_one_process(nprocs: int, flags: list[str], env: dict[str,
     diff = re.search(r"largest relative loss difference to one process: ([0-9.]+)", done.stdout)
     steps = int(flags[flags.index("--steps") + 1])
     assert diff is not None and len(losses) == steps, out
-    assert float(diff.group(1)) < 0.02, out
+    assert float(diff.group(1)) < tol, out
     assert min(losses[-3:]) < losses[0], f"the loss did not fall: {losses}"
+    return losses
 
 
 @pytest.mark.mpi
@@ -70,16 +74,19 @@ def test_train_gpt_matches_one_process(nprocs: int, flags: list[str]) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(
-    ("graphed", "fp8"),
-    [(False, False), (False, True), (True, False), (True, True)],
-    ids=["eager-bf16", "eager-fp8", "graphed-bf16", "graphed-fp8"],
-)
-def test_train_gpt_on_gpus_matches_one_process(graphed: bool, fp8: bool) -> None:
-    """GPUs: the GPT on every visible GPU (up to 4; TP over them, userbuffers), eagerly or with
-    its layers replayed as CUDA graphs (``--cuda-graph``), trains like the same model on one
-    process: 20 steps of losses within 2%, the loss falls, and it exits (NOTE [graph
-    teardown])."""
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_train_gpt_on_gpus_matches_one_process(fp8: bool) -> None:
+    """GPUs: the GPT on every visible GPU (up to 4; TP over them, userbuffers), eagerly and
+    with its layers replayed as CUDA graphs (``--cuda-graph``), trains like the same model on
+    one process (20 steps; the loss falls) and exits (NOTE [graph teardown]); the graphed run's
+    losses are the eager run's.
+
+    Tolerances against the float32 one-process model: 2% in BF16, 5% in FP8, whose E4M3
+    inputs carry 3 mantissa bits: on 4 H100s the FP8 runs (eager and graphed alike) drifted to
+    2.8% of the reference by step 19 while BF16 stayed within 2%. Graphed against eager: 0.5%
+    per step (the same kernels on the same data; they agreed to all four printed digits on
+    every step in both dtypes), so a replay that reads a stale input, weight or scale fails here
+    even where it would hide inside the reference tolerance."""
     from tests.conftest import gpu_count
 
     n = min(gpu_count(), 4)
@@ -89,6 +96,9 @@ def test_train_gpt_on_gpus_matches_one_process(graphed: bool, fp8: bool) -> None
     # rose from 10.56 to 11.26 in 4 steps on 4 GPUs), and bf16 rounding then grows into a few
     # percent of loss between any two runs, graphed or not.
     flags = ["--steps", "20", "--hidden", "1024", "--heads", "16", "--seq", "1024",
-             "--lr", "5e-4", "--vocab", "4096"]  # fmt: skip
-    flags += ["--cuda-graph"] if graphed else []
-    _train_gpt_against_one_process(n, flags + (["--fp8"] if fp8 else []), {})
+             "--lr", "5e-4", "--vocab", "4096"] + (["--fp8"] if fp8 else [])  # fmt: skip
+    tol = 0.05 if fp8 else 0.02
+    eager = _train_gpt_against_one_process(n, flags, {}, tol)
+    graphed = _train_gpt_against_one_process(n, [*flags, "--cuda-graph"], {}, tol)
+    worst = max(abs(g - e) / abs(e) for g, e in zip(graphed, eager, strict=True))
+    assert worst < 0.005, f"graphed {graphed} against eager {eager}"

@@ -10,6 +10,7 @@ import pytest
 
 from overlap.errors import ConfigError
 from overlap.ub import PlanPolicy, ShapeKey, ShapePlans
+from overlap.ub.plans import UNTIMED_CALLS
 
 KEY = ShapeKey("fc1_fprop", 8192, 8192, 7168, False)
 
@@ -43,16 +44,17 @@ def test_measured_keeps_the_faster_path_and_times_each_shape_once(op_ms, seq_ms,
     plans = ShapePlans("measured", timed_calls=3)
     op, seq = _Path(op_ms), _Path(seq_ms)
     assert plans.choose(KEY, op, seq, _same, cuda=False) is overlap
-    assert (op.calls, seq.calls) == (4, 4)  # one untimed call and three timed, each path
+    n = UNTIMED_CALLS + 3  # the untimed calls and three timed, each path
+    assert (op.calls, seq.calls) == (n, n)
     assert plans.choose(KEY, op, seq, _same, cuda=False) is overlap  # a lookup now
-    assert (op.calls, seq.calls) == (4, 4)
+    assert (op.calls, seq.calls) == (n, n)
     (plan,) = plans.plans()
     assert plan.overlap is overlap and plan.op_ms is not None and plan.sequential_ms is not None
     assert (plan.op_ms < plan.sequential_ms) is overlap
     assert "measured" in plan.reason and plan.key == KEY
     other = ShapeKey("fc1_fprop", 4096, 8192, 7168, False)  # another M: timed again
     plans.choose(other, op, seq, _same, cuda=False)
-    assert op.calls == 8 and len(plans) == 2
+    assert op.calls == 2 * n and len(plans) == 2
 
 
 def test_the_decision_uses_the_group_maximum_not_this_ranks_times() -> None:
@@ -63,21 +65,24 @@ def test_the_decision_uses_the_group_maximum_not_this_ranks_times() -> None:
 
     def group_max(values: list[float]) -> list[float]:
         seen.append(values)
+        if len(values) == 1:  # the barrier before each path is timed
+            return values
         return [values[0] + 50.0, values[1]]  # a slower rank's op time
 
     assert plans.choose(KEY, _Path(0), _Path(2), group_max, cuda=False) is False
-    assert len(seen) == 1 and seen[0][0] < seen[0][1]
-    assert plans.plans()[0].op_ms == pytest.approx(seen[0][0] + 50.0)
+    assert [len(v) for v in seen] == [1, 1, 2]  # aligned before each path, then the times
+    assert seen[2][0] < seen[2][1]
+    assert plans.plans()[0].op_ms == pytest.approx(seen[2][0] + 50.0)
 
 
 def test_a_tie_goes_to_the_op() -> None:
     plans = ShapePlans("measured", timed_calls=1)
-    assert plans.choose(KEY, _Path(0), _Path(0), lambda v: [1.0, 1.0], cuda=False) is True
+    assert plans.choose(KEY, _Path(0), _Path(0), lambda v: [1.0] * len(v), cuda=False) is True
 
 
 def test_describe_lists_every_shape_with_its_reason() -> None:
     plans = ShapePlans("measured", timed_calls=1)
-    plans.choose(KEY, _Path(0), _Path(0), lambda v: [2.0, 1.0], cuda=False)
+    plans.choose(KEY, _Path(0), _Path(0), lambda v: [2.0, 1.0][: len(v)], cuda=False)
     lines = plans.describe()
     assert lines[0] == "shape plans (policy measured): 1 shapes"
     assert "fc1_fprop M=8192 K=8192 N=7168" in lines[1] and "sequential" in lines[1]

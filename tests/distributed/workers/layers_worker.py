@@ -318,9 +318,16 @@ def plans(tp: Any, gen: torch.Generator) -> None:
         calls = []
 
         def fake(
-            fn: Any, n: int, cuda: bool, slow: bool = slow_rank_op, calls: list = calls
+            fn: Any,
+            n: int,
+            cuda: bool,
+            align: Any,
+            *,
+            slow: bool = slow_rank_op,
+            calls: list = calls,
         ) -> float:
             fn()  # the path really runs (an extra call of each op must be harmless)
+            align()  # and the ranks meet
             calls.append(fn)
             op_call = len(calls) % 2 == 1  # choose() times the op first, then the sequential
             if op_call:
