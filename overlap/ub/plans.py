@@ -201,8 +201,8 @@ def _capturing() -> bool:
     return bool(torch.cuda.is_current_stream_capturing())
 
 
-#: Untimed calls of each path before it is timed: the first tunes its GEMMs (NOTE [gemm
-#: autotune]) and sets up its collective; the second runs as every later call does.
+#: Untimed calls of each path before it is timed: the first tunes its GEMMs
+#: (NOTE [gemm autotune]) and sets up its collective; the second runs as every later one.
 UNTIMED_CALLS = 2
 #: The GPU spin queued ahead of the timed calls, so that they are all enqueued before the first
 #: runs and their GPU time is measured, not the host's (about 2 ms on H100/H200 clocks: longer
