@@ -232,9 +232,28 @@ def _column_backward(  # noqa: PLR0917 (a schema is positional)
     # 1. The gathered input (wgrad reads it) and dgrad: dX partial [T, K] = dY W, every
     #    rank's partial sum over its slice of N.
     x_full_scale_inv = x_scale_inv
+    dgrad_name = f"{gemm_name}_dgrad"
+    # NOTE [shape plans]: each overlapped step may run its sequential twin instead; dgrad is
+    # [T, N] x [N, K] (K: the dX width, w_dgrad's rows in FP8, its columns otherwise).
+    dgrad_shape = (dy.shape[0], dy.shape[1], w_dgrad.shape[0 if fp8 else 1])
+
+    def dgrad_gemm() -> torch.Tensor:
+        return gemm(dy, w_dgrad, out_dtype=dx_dtype, **dgrad_kw)
+
+    def gather_then_dgrad() -> tuple[torch.Tensor, torch.Tensor]:
+        return tp.all_gather_rows(x), dgrad_gemm()
+
     if bulk_dgrad:
-        op = tp.userbuffers(f"{gemm_name}_dgrad").get(f"{gemm_name}_dgrad")
-        dgrad = op(_operand(x, x_scale_inv), dy, w_dgrad, out_dtype=dx_dtype, **dgrad_kw)
+        op = tp.userbuffers(dgrad_name).get(dgrad_name)
+
+        def bulk_ag() -> torch.Tensor:
+            return op(_operand(x, x_scale_inv), dy, w_dgrad, out_dtype=dx_dtype, **dgrad_kw)
+
+        bulk_dgrad = _runs_op(
+            tp, dgrad_name, dgrad_shape, dy, run_op=bulk_ag, run_sequential=gather_then_dgrad
+        )
+    if bulk_dgrad:
+        dgrad = bulk_ag()
         # A view of the AG buffer, read before its next op (NOTE [layer custom ops]); FP8: its
         # scale_inv from the buffer too (invariant 1).
         gathered = op.gathered_input(check_scales=False)
@@ -245,15 +264,26 @@ def _column_backward(  # noqa: PLR0917 (a schema is positional)
     else:
         x_full = tp.all_gather_rows(x)
         if rs_dgrad:
-            op = tp.userbuffers(f"{gemm_name}_dgrad").get(f"{gemm_name}_dgrad")
-            dx = op(
-                _operand(dy, dy_scale_inv),
-                _operand(w_dgrad, w_dgrad_scale_inv),
-                weight_layout="nk" if fp8 else "kn",
-                fast_accum=False,
+            op = tp.userbuffers(dgrad_name).get(dgrad_name)
+
+            def gemm_rs() -> torch.Tensor:
+                return op(
+                    _operand(dy, dy_scale_inv),
+                    _operand(w_dgrad, w_dgrad_scale_inv),
+                    weight_layout="nk" if fp8 else "kn",
+                    fast_accum=False,
+                )
+
+            def dgrad_then_scatter() -> torch.Tensor:
+                return tp.reduce_scatter_rows(dgrad_gemm())
+
+            rs_dgrad = _runs_op(
+                tp, dgrad_name, dgrad_shape, dy, run_op=gemm_rs, run_sequential=dgrad_then_scatter
             )
-        else:
-            dgrad = gemm(dy, w_dgrad, out_dtype=dx_dtype, **dgrad_kw)
+            if rs_dgrad:
+                dx = gemm_rs()
+        if not rs_dgrad:
+            dgrad = dgrad_gemm()
     # 2. wgrad: dW [N, K] = dY^T X_full (FP8: TN, from the transposes [N, T] and [K, T]).
     empty = dy.new_empty((0,), dtype=dw_dtype)
     if fp8:
@@ -265,7 +295,25 @@ def _column_backward(  # noqa: PLR0917 (a schema is positional)
     out_kw = {"gemm_out": main_grad, "beta": 1.0} if main_grad is not None else {}
     # 3. dX shard (the reduce-scatter of dgrad) and dW.
     if dx is None and bulk_wgrad and wgrad:
-        op = tp.userbuffers(f"{gemm_name}_wgrad").get(f"{gemm_name}_wgrad")
+        wgrad_name = f"{gemm_name}_wgrad"
+        op = tp.userbuffers(wgrad_name).get(wgrad_name)
+
+        # Timed with a fresh dW: a timed call must not accumulate into main_grad.
+        def bulk_rs() -> tuple[torch.Tensor, torch.Tensor]:
+            return op(dgrad, w_a, w_b, fast_accum=False, gemm_out_dtype=dw_dtype, **w_kw)
+
+        def scatter_then_wgrad() -> tuple[torch.Tensor, torch.Tensor]:
+            return (
+                tp.reduce_scatter_rows(dgrad),  # type: ignore[arg-type]
+                gemm(w_a, w_b, out_dtype=dw_dtype, fast_accum=False, **w_kw),
+            )
+
+        # wgrad is [N, T] x [T, K]: N the rows of dW, K its columns.
+        wgrad_shape = (dy.shape[1], dy.shape[0], x.shape[1])
+        bulk_wgrad = _runs_op(
+            tp, wgrad_name, wgrad_shape, dy, run_op=bulk_rs, run_sequential=scatter_then_wgrad
+        )
+    if dx is None and bulk_wgrad and wgrad:
         if main_grad is None:
             out_kw = {"gemm_out_dtype": dw_dtype}
         dx, dw = op(dgrad, w_a, w_b, fast_accum=False, **out_kw, **w_kw)

@@ -447,8 +447,7 @@ def initialize_ub(
         shape_plans: ``"always"`` (default): the layers run every overlapped GEMM's op;
             ``"measured"``: the first call of each GEMM shape times the op against the
             sequential path (NCCL + cuBLASLt) on every rank and the faster runs from then on
-            (NOTE [shape plans]; the layers' forward AG+GEMM and GEMM+RS and the row-parallel
-            dgrad's AG+GEMM).
+            (NOTE [shape plans]; every overlapped step of the layers).
 
     Returns:
         the :class:`Userbuffers` handle, its defaults chosen for the group's TP size.

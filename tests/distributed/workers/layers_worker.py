@@ -289,7 +289,12 @@ def _whole_grads(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
 # ---- scenarios -------------------------------------------------------------------------------
 
 
+# The policy make_ub gives a handle (the plans scenario changes it for a while).
+SHAPE_PLANS = {"policy": "always"}
+
+
 def make_ub(tp: Any, tokens: int, dtype: torch.dtype, **kw: Any) -> overlap.ub.Userbuffers:
+    kw.setdefault("shape_plans", SHAPE_PLANS["policy"])
     return overlap.initialize_ub(
         (tokens, H),
         tp,
@@ -301,8 +306,9 @@ def make_ub(tp: Any, tokens: int, dtype: torch.dtype, **kw: Any) -> overlap.ub.U
 
 
 def plans(tp: Any, gen: torch.Generator) -> None:
-    """NOTE [shape plans]: under the "measured" policy each planned GEMM shape (forward AG+GEMM
-    and GEMM+RS, the row-parallel dgrad's AG+GEMM) is timed once
+    """NOTE [shape plans]: under the "measured" policy each overlapped step's GEMM shape (the
+    forward AG+GEMM and GEMM+RS, the row-parallel dgrad's AG+GEMM, the column backward's bulk
+    pair) is timed once
     (the op and the sequential path, max over the group) and runs the faster path from then
     on. The times are made up per rank here (the paths still run), so that the group maximum,
     not a rank's own time, must decide: one rank alone finds the op slow. Every rank takes the
@@ -346,16 +352,25 @@ def plans(tp: Any, gen: torch.Generator) -> None:
                 check_module(kind, layer, tp, tokens=tokens, dtype=torch.float32, gen=gen,
                              what=f"plans again slow_rank_op={slow_rank_op}")  # fmt: skip
             made = ub.plans.plans()
-            assert [p.key.name for p in made] == ["qkv_fprop", "proj_fprop", "proj_dgrad"], made
+            names = ["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad"]
+            assert [p.key.name for p in made] == names, made
             assert all(p.overlap is (not slow_rank_op) for p in made), made
             decisions = [None] * tp.size
             dist.all_gather_object(decisions, [(p.key, p.overlap) for p in made], group=tp.group)
             assert all(d == decisions[0] for d in decisions), decisions
             text = ub.describe()
-            assert "shape plans (policy measured): 3 shapes" in text, text
+            assert "shape plans (policy measured): 5 shapes" in text, text
             assert ("sequential (measured" in text) is slow_rank_op, text
-            assert len(calls) == 6, len(calls)  # each shape timed once: 3 shapes x 2 paths
+            assert len(calls) == 10, len(calls)  # each shape timed once: 5 shapes x 2 paths
             ub.destroy()
+            # Every combination of the switches (the bulk pair, GEMM+RS dgrad, main_grad) with
+            # each step planned the same way: still what ub=None computes.
+            SHAPE_PLANS["policy"] = "measured"
+            try:
+                switches(tp, gen)
+            finally:
+                SHAPE_PLANS["policy"] = "always"
+            assert len(calls) > 10, "switches under measured plans timed nothing"
         finally:
             plans_mod._mean_ms = real
 
