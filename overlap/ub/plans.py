@@ -81,7 +81,8 @@ class ShapeKey:
     fp8: bool
 
     def label(self) -> str:
-        return f"{self.name} M={self.m} K={self.k} N={self.n} {'fp8' if self.fp8 else 'bf16/fp16'}"
+        inputs = "fp8" if self.fp8 else "high precision"
+        return f"{self.name} M={self.m} K={self.k} N={self.n} {inputs}"
 
 
 @dataclasses.dataclass(frozen=True)
