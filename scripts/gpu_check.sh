@@ -10,7 +10,9 @@
 # kernels (quantization/reduction kernel bandwidth), gemm (GEMM vs torch), quant-gpu (the
 # CUDA quantization kernels' tests), ops-cuda and ops-bench (the overlap ops' multi-rank
 # tests and benchmark on all local GPUs; ops-bench-full: the whole docs/design.md §6 suite, give it
-# STEP_TIMEOUT_S=900), graphs-cuda (CUDA graphs of comm ops), layers-cuda and layers-bench
+# STEP_TIMEOUT_S=900; broad-bench: the broad suite of model families, BROAD_BENCH_ARGS narrows it,
+# e.g. "--tp 4 --tokens 1024,16384"; run --list with the same arguments first for its time),
+# graphs-cuda (CUDA graphs of comm ops), layers-cuda and layers-bench
 # (the tensor-parallel layers' multi-rank tests and benchmark on all local GPUs;
 # layer-graphs-cuda: the layers replayed as CUDA graphs against eager; examples-cuda: the GPT
 # example on the GPUs, eager and with graphed layers, against one process;
@@ -81,6 +83,9 @@ for s in "${STEPS[@]}"; do
     ops-bench)
       step opsbench opsbench.log "$PY" -m benchmarks.overlap_ops --launch "$(nvidia-smi -L | wc -l)" \
         --cuda --out "$LOG" ;;
+    broad-bench)
+      step broad broadbench.log "$PY" -m benchmarks.overlap_ops --launch "$(nvidia-smi -L | wc -l)" \
+        --cuda --suite broad --out "$LOG/broad" ${BROAD_BENCH_ARGS:-} ;;
     ops-bench-full)
       step opsbench opsbench.log "$PY" -m benchmarks.overlap_ops --launch "$(nvidia-smi -L | wc -l)" \
         --cuda --full --out "$LOG" ;;
