@@ -556,6 +556,16 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
+def add_shape_plans_arg(parser: argparse.ArgumentParser) -> None:
+    """``--shape-plans``: the layer benchmarks' ``initialize_ub(shape_plans=...)``."""
+    parser.add_argument(
+        "--shape-plans", default="always", choices=("always", "measured"),
+        help="initialize_ub(shape_plans=...) of ours: 'measured' times each planned GEMM "
+        "shape's overlap op against the sequential path at its first call and keeps the "
+        "faster (NOTE [shape plans]); the decisions go to the JSON rows (shape_plans)",
+    )  # fmt: skip
+
+
 # --- launching ---------------------------------------------------------------------------------
 
 

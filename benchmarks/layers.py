@@ -298,7 +298,7 @@ def summary_line(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import add_launch_arg, launch_workers
+    from benchmarks.common import add_launch_arg, add_shape_plans_arg, launch_workers
 
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.layers", description=__doc__.split("\n\n")[0]
@@ -318,12 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         help="GPUs: also each module with its forward and backward replayed as CUDA graphs "
         "(overlap.layers.make_graphed_callables), with userbuffers and with ub=None",
     )  # fmt: skip
-    parser.add_argument(
-        "--shape-plans", default="always", choices=("always", "measured"),
-        help="initialize_ub(shape_plans=...) of ours: 'measured' times each planned GEMM "
-        "shape's overlap op against the sequential path at its first call and keeps the "
-        "faster (NOTE [shape plans]); the decisions go to the JSON rows (shape_plans)",
-    )  # fmt: skip
+    add_shape_plans_arg(parser)
     args = parser.parse_args(argv)
     if args.launch:
         return launch_workers(

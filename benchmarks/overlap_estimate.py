@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmarks.common import format_table
 from benchmarks.methods import BULK_OPS, Case, Variant
-from benchmarks.overlap_suite import Suite, skipped_lines
+from benchmarks.overlap_suite import ROW_COLUMNS, Suite, skipped_lines
 
 
 @dataclass(frozen=True)
@@ -151,13 +151,7 @@ def estimate_run(
 
 
 LIST_COLUMNS = [
-    ("op", "op"),
-    ("shape", "shape"),
-    ("M", "M"),
-    ("K", "K"),
-    ("N", "N"),
-    ("tp", "tp"),
-    ("dtype", "dtype"),
+    *ROW_COLUMNS,
     ("est_gemm_ms", "est T_gemm"),
     ("est_comm_ms", "est T_comm"),
     ("est_ratio", "comm/gemm"),
@@ -174,7 +168,7 @@ def listing_text(suite: Suite, estimate: dict[str, Any] | None) -> str:
         {**r, **e, "est_ratio": e["est_comm_ms"] / e["est_gemm_ms"] if e else None}
         for r, e in zip(suite.rows, per_row, strict=True)
     ]
-    columns = LIST_COLUMNS if estimate else LIST_COLUMNS[:7]
+    columns = LIST_COLUMNS if estimate else ROW_COLUMNS
     tps = sorted({r["tp"] for r in suite.rows})
     lines = [
         f"{suite.name} suite: {len(suite.rows)} rows (TP {tps}), {len(suite.skipped)} left out",

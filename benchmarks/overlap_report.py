@@ -30,6 +30,7 @@ from benchmarks.overlap_suite import (
     HOST_KN_DIV,
     HOST_M_DIV,
     MODEL_FAMILIES_FILE,
+    ROW_COLUMNS,
     TE_REFERENCE_FILE,
     TE_SOURCE,
     TE_TOKENS,
@@ -341,13 +342,7 @@ def split_rows(
 
 
 TABLE_COLUMNS = [
-    ("op", "op"),
-    ("shape", "shape"),
-    ("M", "M"),
-    ("K", "K"),
-    ("N", "N"),
-    ("tp", "tp"),
-    ("dtype", "dtype"),
+    *ROW_COLUMNS,
     ("T_gemm", "T_gemm"),
     ("T_comm", "T_comm"),
     ("T_seq", "T_seq"),

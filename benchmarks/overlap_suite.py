@@ -63,6 +63,16 @@ ALIGN = {"bf16": 8, "fp8": 16}
 
 DATA = Path(__file__).resolve().parent / "data"
 TE_REFERENCE_FILE = DATA / "te_reference.json"
+#: The table columns that name a row (key, header), first in every table of rows.
+ROW_COLUMNS = [
+    ("op", "op"),
+    ("shape", "shape"),
+    ("M", "M"),
+    ("K", "K"),
+    ("N", "N"),
+    ("tp", "tp"),
+    ("dtype", "dtype"),
+]
 MODEL_FAMILIES_FILE = DATA / "model_families.json"
 
 TeKey = tuple[str, int, str]  # (op, hidden, dtype)

@@ -539,7 +539,7 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, cuda: bool, tp
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import add_launch_arg, launch_workers
+    from benchmarks.common import add_launch_arg, add_shape_plans_arg, launch_workers
 
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.transformer", description=__doc__.split("\n\n")[0]
@@ -576,12 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         help="after each row, cProfile 5 steps of ours and of ub=None on every rank; rank 0's "
         "profile goes to OUT/host_profile-<row>-<column>.txt (where the host time goes)",
     )  # fmt: skip
-    parser.add_argument(
-        "--shape-plans", default="always", choices=("always", "measured"),
-        help="initialize_ub(shape_plans=...) of ours: 'measured' times each planned GEMM "
-        "shape's overlap op against the sequential path at its first call and keeps the "
-        "faster (NOTE [shape plans]); the decisions go to the JSON rows (shape_plans)",
-    )  # fmt: skip
+    add_shape_plans_arg(parser)
     args = parser.parse_args(argv)
     unknown = sorted(set(filter(None, args.columns.split(","))) - {*COLUMNS, *GRAPHED})
     if unknown:

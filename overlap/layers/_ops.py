@@ -120,6 +120,18 @@ def _runs_op(
     )
 
 
+def _kept_gather(
+    op: Any, scale_inv: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The gathered input ``op`` kept in its buffer: a view, read before the buffer's next op
+    (NOTE [layer custom ops]), and its scale_inv: FP8's from the buffer too (invariant 1),
+    else ``scale_inv`` as given."""
+    gathered = op.gathered_input(check_scales=False)
+    if isinstance(gathered, QuantizedTensor):
+        return gathered.rowwise_data, gathered.rowwise_scale_inv
+    return gathered, scale_inv
+
+
 def _check_tokens(tp: TensorParallelGroup, tokens: int, what: str) -> None:
     ub = tp.ub
     if ub is not None and tokens > ub.config.tokens:
@@ -254,13 +266,7 @@ def _column_backward(  # noqa: PLR0917 (a schema is positional)
         )
     if bulk_dgrad:
         dgrad = bulk_ag()
-        # A view of the AG buffer, read before its next op (NOTE [layer custom ops]); FP8: its
-        # scale_inv from the buffer too (invariant 1).
-        gathered = op.gathered_input(check_scales=False)
-        if isinstance(gathered, QuantizedTensor):
-            x_full, x_full_scale_inv = gathered.rowwise_data, gathered.rowwise_scale_inv
-        else:
-            x_full = gathered
+        x_full, x_full_scale_inv = _kept_gather(op, x_scale_inv)
     else:
         x_full = tp.all_gather_rows(x)
         if rs_dgrad:
@@ -487,13 +493,7 @@ def _row_backward(  # noqa: PLR0917 (a schema is positional)
         use_op = _runs_op(tp, name, shape, dy, run_op=overlapped, run_sequential=sequential)
     if use_op:
         dx = overlapped()
-        # A view of the AG buffer, read right here (NOTE [layer custom ops]); FP8: its
-        # scale_inv from the buffer too (invariant 1).
-        gathered = op.gathered_input(check_scales=False)
-        if isinstance(gathered, QuantizedTensor):
-            dy_full, dy_scale_inv = gathered.rowwise_data, gathered.rowwise_scale_inv
-        else:
-            dy_full = gathered
+        dy_full, dy_scale_inv = _kept_gather(op, dy_scale_inv)
     else:
         dy_full, dx = sequential()
     empty = dy.new_empty((0,), dtype=dw_dtype)
