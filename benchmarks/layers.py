@@ -81,7 +81,7 @@ def _time_steps(
     ``graph``: replayed as CUDA graphs (NOTE [graphed layers] in overlap/layers/graphs.py)."""
     import torch
 
-    from benchmarks.common import time_training_steps
+    from benchmarks.common import as_after_optimizer_step, time_training_steps
     from overlap.layers import Fp8Recipe, fp8_autocast, make_graphed_callables
 
     x = x.detach().requires_grad_()
@@ -97,7 +97,7 @@ def _time_steps(
         y.backward(gy)
 
     def before() -> None:
-        layer.zero_grad(set_to_none=True)
+        as_after_optimizer_step(layer.parameters())  # NOTE [weights change every step]
         x.grad = None
 
     return time_training_steps(step, iters=iters, warmup=warmup, cuda=cuda, before=before)

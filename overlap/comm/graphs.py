@@ -23,6 +23,7 @@ while it is being captured; buffers used by the graph must stay alive while it i
 from __future__ import annotations
 
 import contextlib
+import gc
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -91,13 +92,24 @@ class CudaGraph:
         if self._log is not None or self._reset:
             raise StateError("this CudaGraph was already captured; create a new one")
         before = {id(b): b.generation for b in live_buffers()}
-        with torch.cuda.graph(self._graph, pool=self._pool, stream=stream):
-            capturing = torch.cuda.current_stream()
-            self._log = native().comm.begin_graph_log(stream=capturing.cuda_stream)
-            try:
-                yield self
-            finally:
-                native().comm.end_graph_log(self._log)
+        # NOTE [collector during capture]: a cyclic-garbage collection inside the capture may
+        # finalise objects that free driver resources (a handle's buffers, streams, events).
+        # Those calls are illegal while any stream captures and invalidate the capture, at a
+        # point that depends on the collector's timing. torch.cuda.graph collects on entry;
+        # the collector then stays off until the capture ends. Verdict: no collection inside.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(self._graph, pool=self._pool, stream=stream):
+                capturing = torch.cuda.current_stream()
+                self._log = native().comm.begin_graph_log(stream=capturing.cuda_stream)
+                try:
+                    yield self
+                finally:
+                    native().comm.end_graph_log(self._log)
+        finally:
+            if collecting:
+                gc.enable()
         self._stream = capturing
         # The buffers the capture touched, at the generation it left them (NOTE [buffer
         # generation]): a replay brings them back there.

@@ -107,7 +107,7 @@ def _runs_op(
 ) -> bool:
     """Whether this call of GEMM ``name`` (``shape`` = M, K, N; ``x`` its input) runs its
     overlap op or the sequential path: the handle's plan for the shape (NOTE [shape plans] in
-    ``overlap/ub/plans.py``); under the default policy always the op, at no cost."""
+    ``overlap/ub/plans.py``); under PlanPolicy.ALWAYS the op, at no cost."""
     plans = tp.userbuffers(name).plans
     if plans.policy is PlanPolicy.ALWAYS:
         return True

@@ -43,6 +43,16 @@ NOTE [graphed layers]: what a replay may and may not assume.
   them). ``fuse_wgrad_accumulation=True`` accumulates into ``main_grad`` inside the graph.
 * The parameters must stay the same tensors (``load_state_dict`` and optimizers update them in
   place, which a replay sees); a parameter replaced by another tensor raises StateError.
+* Nothing may still hold an autograd graph through a parameter or a sample input when the
+  capture starts. A leaf's gradient-accumulation node lives as long as some graph refers to
+  it, and a new forward reuses it together with the stream it was made on. An output or a
+  loss of an earlier eager step that is still referenced therefore hands that step's stream,
+  usually the legacy default stream, to the captured backward. CUDA then rejects the
+  dependency ("operation would make the legacy stream depend on a capturing blocking
+  stream"), and the capture is lost. Seen on GPUs with ``y = layer(x); y.backward(dy)``
+  followed by a capture while ``y`` was still alive. :func:`make_graphed_callables` refuses
+  this case with StateError, naming the tensor, before any GPU work. The warm-up drops its
+  own graph before the capture, so the captured nodes are made on the capture stream.
 
 Verdict: graphed, a layer step costs one replay per direction on the host, whatever its
 kernel count; what it may not do is checked, not assumed.
@@ -62,6 +72,7 @@ graphs use). Verdict: teardown is explicit, and the one call that makes it safe 
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import weakref
 from collections.abc import Sequence
@@ -151,6 +162,44 @@ def _check_arguments(
                 raise InvalidArgumentError(
                     f"make_graphed_callables: buffer {name!r} of modules[{i}] requires grad; only "
                     "parameters can be trained through a graph"
+                )
+
+
+def _in_live_graph(leaf: torch.Tensor) -> bool:
+    """Whether an autograd graph still refers to ``leaf`` (its gradient-accumulation node is
+    alive). The probe marks the node it gets: a node made for the probe dies with it, a
+    node some graph holds keeps the mark."""
+    with torch.enable_grad():
+        node = leaf.view_as(leaf).grad_fn.next_functions[0][0]
+        node.metadata["overlap_probe"] = True
+        del node
+        node = leaf.view_as(leaf).grad_fn.next_functions[0][0]
+        return bool(node.metadata.pop("overlap_probe", False))
+
+
+def _check_no_live_graph(
+    modules: Sequence[torch.nn.Module], sample_args: Sequence[tuple[torch.Tensor, ...]]
+) -> None:
+    """StateError if a parameter or a sample input of a module is still part of an earlier
+    forward's autograd graph (NOTE [graphed layers]): the capture would fail on the GPU."""
+    gc.collect()  # graphs in reference cycles that nothing reaches any more
+    for i, (module, args) in enumerate(zip(modules, sample_args, strict=True)):
+        leaves = [
+            (f"parameter {name!r}", p) for name, p in module.named_parameters() if p.requires_grad
+        ]
+        leaves += [
+            (f"sample_args[{i}][{j}]", a)
+            for j, a in enumerate(args)
+            if a.requires_grad and a.grad_fn is None
+        ]
+        for what, leaf in leaves:
+            if _in_live_graph(leaf):
+                raise StateError(
+                    f"make_graphed_callables: {what} of modules[{i}] is still part of the "
+                    "autograd graph of an earlier forward (an output or a loss of that step is "
+                    "still referenced). The capture would reuse that graph's gradient "
+                    "accumulation on the earlier step's stream, which CUDA refuses during a "
+                    "capture. Drop those references (e.g. `del loss, out`) and call again"
                 )
 
 
@@ -246,6 +295,7 @@ def make_graphed_callables(
             f"{type(fp8_recipe).__name__}"
         )
     _check_arguments(mods, args_list)
+    _check_no_live_graph(mods, args_list)
     if not torch.cuda.is_available():
         raise UnsupportedHardwareError("make_graphed_callables needs a CUDA device")
     for i, args in enumerate(args_list):
@@ -297,6 +347,9 @@ def make_graphed_callables(
                 with autocast():
                     outs, _ = _flat_outputs(_run(m, args, first), st.name)
                 _backward_once(outs, args, st.params, create=None)
+                # Its graph (and the side stream's accumulation nodes) must not reach the
+                # capture (NOTE [graphed layers]).
+                del outs
     torch.cuda.synchronize()
     for p, value in kept:
         p.main_grad.copy_(value)

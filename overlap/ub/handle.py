@@ -371,7 +371,11 @@ class Userbuffers:
         return "\n".join(lines)
 
     def destroy(self) -> None:
-        """Free every buffer and the communicator. Idempotent; not collective."""
+        """Free every buffer and the communicator. Idempotent; not collective. A handle that
+        is the default one (``register=True``) stops being it, so that :func:`initialize_ub`
+        may make a new one."""
+        if _REGISTRY.get("default") is self:
+            del _REGISTRY["default"]
         if self._destroyed:
             return
         self._destroyed = True
@@ -422,7 +426,7 @@ def initialize_ub(
     device: int | None = None,
     mesh_dim: int | str | None = None,
     register: bool = True,
-    shape_plans: PlanPolicy | str = PlanPolicy.ALWAYS,
+    shape_plans: PlanPolicy | str | None = None,
 ) -> Userbuffers:
     """COLLECTIVE over the TP group: build the userbuffers of a transformer layer.
 
@@ -444,10 +448,12 @@ def initialize_ub(
         device: this rank's CUDA device (cuda; default torch's current device).
         mesh_dim: the TP dimension of a DeviceMesh ``tp_group``.
         register: make the handle the default one of :func:`get_ub` / :func:`destroy_ub`.
-        shape_plans: ``"always"`` (default): the layers run every overlapped GEMM's op;
-            ``"measured"``: the first call of each GEMM shape times the op against the
-            sequential path (NCCL + cuBLASLt) on every rank and the faster runs from then on
-            (NOTE [shape plans]; every overlapped step of the layers).
+        shape_plans: ``"measured"``: the first call of each GEMM shape times the op
+            against the sequential path (NCCL + cuBLASLt) on every rank and the faster runs
+            from then on (NOTE [shape plans]; every overlapped step of the layers);
+            ``"always"``: the layers run every overlapped GEMM's op. Default
+            (:meth:`PlanPolicy.default_for`): measured on the cuda transport, always on the
+            host transport.
 
     Returns:
         the :class:`Userbuffers` handle, its defaults chosen for the group's TP size.
@@ -459,7 +465,8 @@ def initialize_ub(
     """
     if register and _REGISTRY:
         raise StateError("initialize_ub: already initialised; call destroy_ub() first")
-    plans = ShapePlans(shape_plans)  # a typed error before anything collective
+    if shape_plans is not None:
+        PlanPolicy.of(shape_plans)  # a typed error before anything collective
     bootstrap = as_bootstrap(tp_group, mesh_dim)
     config = _make_config(
         shape,
@@ -474,6 +481,7 @@ def initialize_ub(
 
     if transport is None:
         transport = "cuda" if _cuda_usable() else "host"
+    plans = ShapePlans(PlanPolicy.default_for(transport) if shape_plans is None else shape_plans)
     _check_tp(config, bootstrap.size)  # before anything collective
     comm = Communicator(bootstrap, transport, timeout_s=config.timeout_s, device=device)
     handle = Userbuffers(config, comm, plans)

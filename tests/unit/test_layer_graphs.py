@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overlap.errors import ConfigError, InvalidArgumentError, UnsupportedHardwareError
+from overlap.errors import ConfigError, InvalidArgumentError, StateError, UnsupportedHardwareError
 from overlap.layers import make_graphed_callables
 
 
@@ -50,6 +50,33 @@ def test_buffers_requiring_grad_are_refused() -> None:
     m.register_buffer("b", torch.ones(2, requires_grad=True))
     with pytest.raises(InvalidArgumentError, match="requires grad"):
         make_graphed_callables(m, (torch.ones(2, 4),))
+
+
+def test_a_parameter_in_a_live_graph_is_refused_until_the_graph_is_dropped() -> None:
+    """NOTE [graphed layers]: an earlier step's output still referenced keeps the parameters'
+    gradient-accumulation nodes, on that step's stream, and a capture would fail on them."""
+    m = _module()
+    y = m(torch.ones(2, 4))
+    y.sum().backward()  # the backward ran, but y still holds its graph
+    with pytest.raises(StateError, match="parameter 'weight' of modules\\[0\\] is still part"):
+        make_graphed_callables(m, (torch.ones(2, 4),))
+    with torch.no_grad(), pytest.raises(StateError, match="still part"):  # probed with grad on
+        make_graphed_callables(m, (torch.ones(2, 4),))
+    del y
+    with pytest.raises((UnsupportedHardwareError, InvalidArgumentError), match="CUDA"):
+        make_graphed_callables(m, (torch.ones(2, 4),))  # past the check
+    for p in m.parameters():  # the probe leaves no mark behind
+        node = p.view_as(p).grad_fn.next_functions[0][0]
+        assert "overlap_probe" not in node.metadata
+
+
+def test_a_sample_input_in_a_live_graph_is_refused() -> None:
+    m = _module()
+    x = torch.ones(2, 4, requires_grad=True)
+    z = (x * 2).sum()
+    with pytest.raises(StateError, match="sample_args\\[0\\]\\[0\\] of modules\\[0\\]"):
+        make_graphed_callables(m, (x,))
+    del z
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")

@@ -30,6 +30,11 @@ def _same(values: list[float]) -> list[float]:
     return values
 
 
+def test_the_default_policy_is_measured_on_gpus_and_always_on_the_host_transport() -> None:
+    assert PlanPolicy.default_for("cuda") is PlanPolicy.MEASURED
+    assert PlanPolicy.default_for("host") is PlanPolicy.ALWAYS
+
+
 def test_always_runs_the_op_without_timing_anything() -> None:
     plans = ShapePlans()
     op, seq = _Path(0), _Path(0)

@@ -534,12 +534,29 @@ def rand(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
+def test_shape_plans_default_to_the_transports_and_a_given_policy_is_checked_first() -> None:
+    from overlap.ub import PlanPolicy
+
+    with pytest.raises(ConfigError, match="shape_plans: 'sometimes'"):
+        init(register=False, shape_plans="sometimes")
+    with init(register=False) as ub:  # the host transport: always (PlanPolicy.default_for)
+        assert ub.plans.policy is PlanPolicy.ALWAYS
+    with init(register=False, shape_plans="measured") as ub:
+        assert ub.plans.policy is PlanPolicy.MEASURED
+
+
 def test_lifecycle_and_ops_through_the_registry() -> None:
     with pytest.raises(StateError, match="call initialize_ub"):
         get_ub("qkv_fprop")
     ub = init(shape=(64, 32))
     with pytest.raises(StateError, match="already initialised"):
         init()
+    # A default handle destroyed directly stops being the default: initialize_ub may run again
+    # (it used to refuse with "already initialised" until destroy_ub()).
+    ub.destroy()
+    with pytest.raises(StateError, match="call initialize_ub"):
+        get_ub("qkv_fprop")
+    ub = init(shape=(64, 32))
     assert overlap.get_ub("qkv_fprop") is ub.get("qkv_fprop")
     x, w = rand(40, 32, seed=1), rand(24, 32, seed=2)
     want = gemm(x, w, transb=True)

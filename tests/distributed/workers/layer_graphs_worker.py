@@ -318,6 +318,14 @@ def guards(tp: Any, gen: torch.Generator) -> None:
         _worker.expect_raises(StateError, "after reset", g.replay)
     with fp8_autocast(Fp8Recipe()):
         layer(x.clone().requires_grad_()).backward(dy)  # eager
+    # NOTE [graphed layers]: `y` still holds its step's graph, whose gradient-accumulation
+    # nodes sit on the default stream: the capture would fail on the GPU, so it is refused.
+    _worker.expect_raises(
+        StateError,
+        "still part of the autograd graph",
+        lambda: make_graphed_callables(layer, (x.clone().requires_grad_(),)),
+    )
+    del y
     make_graphed_callables(layer, (x.clone().requires_grad_(),), fp8_recipe=Fp8Recipe())
     layer(x.clone().requires_grad_()).backward(dy)
     release_graphs([layer])
