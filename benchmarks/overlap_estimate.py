@@ -24,6 +24,7 @@ from typing import Any
 from benchmarks.common import format_table
 from benchmarks.methods import BULK_OPS, Case, Variant
 from benchmarks.overlap_suite import ROW_COLUMNS, Suite, skipped_lines
+from overlap.ub.plans import UNTIMED_CALLS, ShapePlans
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,10 @@ def estimate_row_seconds(
         warmup * max(t, host) + (1.0 + 1.5 * host * iters) + heat_ms + iters * t + model.call_ms
         for t, host in calls
     )
-    return model.row_s + (model.tuned_gemms * model.tune_calls * g + passes * per_pass) / 1e3
+    # NOTE [planned column]: the shape plan runs the default and the sequential path once per
+    # row, UNTIMED_CALLS + its timed calls each
+    plan = (UNTIMED_CALLS + ShapePlans().timed_calls) * (op[0] + g + c) if variants else 0.0
+    return model.row_s + (model.tuned_gemms * model.tune_calls * g + passes * per_pass + plan) / 1e3
 
 
 def estimate_run(

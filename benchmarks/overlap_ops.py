@@ -81,6 +81,18 @@ its warm-up calls, max over ranks): ``host`` in the table (the best variant's), 
 call, a training step that issues the op eagerly (no CUDA graph) is bound by the host, not by
 the GPU, whatever ``--timing gpu`` reports; the summary counts those rows for us and for torch.
 
+NOTE [planned column]: on GPUs ``initialize_ub`` plans by shape (NOTE [shape plans] in
+overlap/ub/plans.py): the first call of each GEMM shape times the op against the sequential
+path, and the faster runs from then on. What a user gets by default for a row is therefore
+neither ``T_default`` nor ``T_seq`` but the path that plan picks. Each row runs the plans' own
+code (``ShapePlans.choose``, its timing, the maximum over the TP group) between the default
+variant and ``T_seq`` before the timed passes, and ``T_planned`` is the suite's time of the
+path it picked (``plan`` in the JSON holds the plan's own figures). ``planned/floor`` and the
+planned rows slower than sequential in the summaries are the figures the issue's "the
+defaults" targets mean on GPUs. A plan can pick the slower path where the two are within its
+timing noise: the count of planned rows slower than sequential measures that. Verdict: the
+suite judges the library's real default, decided by the library's own code.
+
 Shapes (quick and full: Llama-3-70B-like, hidden 8192, FFN 28672, GQA QKV 10240):
 
 * quick (default, seconds): M = 8192 at TP = world size: fc1 bf16, qkv fp8 (AG+GEMM), fc2

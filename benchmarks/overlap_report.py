@@ -85,6 +85,11 @@ def add_metrics(row: dict[str, Any]) -> dict[str, Any]:
     row["ours_over_concurrent"] = ratio(conc)
     row["T_default"] = variants.get(row.get("default_variant") or "")
     row["default_over_floor"] = row["T_default"] / floor if row["T_default"] is not None else None
+    # NOTE [planned column] in benchmarks/overlap_ops.py: the path the shape plan picked
+    plan, planned = row.get("plan"), None
+    if plan is not None and row["T_default"] is not None:
+        planned = row["T_default"] if plan["overlap"] else row["T_seq"]
+    row["T_planned"], row["planned_over_floor"] = planned, planned and planned / floor
     return row
 
 
@@ -93,6 +98,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     GEMM+RS rows, or the bulk rows apart)."""
     ratios = [r["ours_over_floor"] for r in rows if r.get("ours_over_floor") is not None]
     defaults = [r["default_over_floor"] for r in rows if r.get("default_over_floor") is not None]
+    planned = [r["planned_over_floor"] for r in rows if r.get("planned_over_floor") is not None]
     torch_rows = [r for r in rows if r.get("vs_torch") is not None]
     te_rows = [r for r in rows if r.get("vs_te") is not None]
     te_ratio_rows = [
@@ -117,6 +123,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "worst_ours_over_floor": max(ratios) if ratios else None,
         # NOTE [default variant]: the same counts for initialize_ub's default of each row
         **_target_counts("default", defaults),
+        # NOTE [planned column]: initialize_ub's default on GPUs, the shape plan's path
+        **_target_counts("planned", planned),
         # NOTE [concurrent floor]: the GEMM beside our copies of its bytes, no dependency
         **_target_counts("concurrent", concurrent),
         "rows_with_torch": len(torch_rows),
@@ -183,12 +191,16 @@ def ratio_bucket(row: dict[str, Any]) -> str | None:
 def _over_floor(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Count, median and worst of the default's and the best variant's time over the floor."""
     default = [r["default_over_floor"] for r in rows if r.get("default_over_floor") is not None]
+    planned = [r["planned_over_floor"] for r in rows if r.get("planned_over_floor") is not None]
     best = [r["ours_over_floor"] for r in rows if r.get("ours_over_floor") is not None]
     return {
         "rows": len(rows),
         "rows_with_default": len(default),
         "median_default_over_floor": statistics.median(default) if default else None,
         "worst_default_over_floor": max(default) if default else None,
+        "rows_with_planned": len(planned),
+        "median_planned_over_floor": statistics.median(planned) if planned else None,
+        "worst_planned_over_floor": max(planned) if planned else None,
         "rows_timed": len(best),
         "median_best_over_floor": statistics.median(best) if best else None,
         "worst_best_over_floor": max(best) if best else None,
@@ -223,6 +235,7 @@ def summarize_by_ratio(rows: Sequence[dict[str, Any]], *, host: bool) -> dict[st
             "buckets": {label: _over_floor(b) for label, b in buckets.items()},
             "all": _over_floor(mine),
             "default": _against(mine, "T_default"),
+            "planned": _against(mine, "T_planned"),
             "best": _against(mine, "T_ours"),
         }
     return {
@@ -250,7 +263,8 @@ def _floor_text(s: dict[str, Any]) -> str:
         return f"{name}/floor median {med:.3f} worst {worst:.3f}{shown}"
 
     default, best = ratios("default", "rows_with_default"), ratios("best", "rows_timed")
-    return f"{s['rows']} rows, {default}, {best}"
+    planned = ratios("planned", "rows_with_planned") if s.get("rows_with_planned") else ""
+    return f"{s['rows']} rows, {default}, " + (f"{planned}, " if planned else "") + best
 
 
 def ratio_summary_lines(summary: dict[str, Any] | None) -> list[str]:
@@ -276,8 +290,10 @@ def ratio_summary_lines(summary: dict[str, Any] | None) -> list[str]:
             lines.append(f"  TP {tp}, T_comm/T_gemm {label}: {_floor_text(b)}")
         lines.append(f"  TP {tp}, all rows: {_floor_text(s['all'])}")
         parts = []
-        for name in ("default", "best"):
+        for name in ("default", "planned", "best"):
             a = s[name]
+            if name == "planned" and not a["rows"]:
+                continue  # no plan: --methods left the default variant out
             share = a["share_faster_than_torch"]
             parts.append(
                 f"{name}: slower than sequential NCCL + cuBLASLt {a['slower_than_seq']}/"
@@ -321,6 +337,7 @@ def summary_line(s: dict[str, Any], *, bulk: bool = False, host: bool = False) -
                 f"{s['rows_with_te_ref_ratio']})"
             )
     line += _target_counts_text(s, "default", "initialize_ub's defaults")  # NOTE [default variant]
+    line += _target_counts_text(s, "planned", "planned by shape (the default on GPUs)")
     line += _target_counts_text(  # NOTE [concurrent floor]
         s, "concurrent", "GEMM beside our copies of its bytes, no dependencies"
     )
@@ -352,6 +369,7 @@ TABLE_COLUMNS = [
     ("best_variant", "best variant"),
     ("ours_over_floor", "ours/floor"),
     ("default_over_floor", "default/floor"),
+    ("planned_over_floor", "planned/floor"),
     ("ours_over_pipeline_floor", "ours/pipe"),
     ("concurrent_over_floor", "conc/floor"),
     ("efficiency", "eff"),
@@ -447,6 +465,10 @@ DEFINITIONS = {
     "T_default": "T_ours_by_variant of default_variant, the variant running what "
     "initialize_ub() configures by default for the row's GEMM name (NOTE [default "
     "variant] in benchmarks/methods.py); default_over_floor = T_default / floor",
+    "T_planned": "T_default or T_seq, whichever the row's shape plan picked (plan: the "
+    "decision of overlap.ub.plans.ShapePlans under the measured policy, initialize_ub's "
+    "default on GPUs, with its own op_ms and sequential_ms; NOTE [planned column] in "
+    "benchmarks/overlap_ops.py); planned_over_floor = T_planned / floor",
     "efficiency": "1 - (T_ours - T_gemm) / (T_seq - T_gemm)",
     "T_comm_ours": "our runtime's collective alone: the all-gather of the shard, or the "
     "reduce-scatter of the [M, N] partial sums in place in the buffer",
@@ -468,8 +490,9 @@ DEFINITIONS = {
     "te_ref_over_floor": "T_te_ref / te_ref_floor: TE's ratio to its own floor, to set "
     "beside ours_over_floor (the two runs' absolute times differ with the GPUs' clocks)",
     "summary_by_ratio": "per TP size, the AG+GEMM and GEMM+RS rows by T_comm / T_gemm (< 0.5, "
-    "0.5-1.0, > 1.0) and all of them: count, median and worst of default_over_floor and of "
-    "ours_over_floor (best/floor), and for T_default and T_ours (the best) the rows slower "
+    "0.5-1.0, > 1.0) and all of them: count, median and worst of default_over_floor, "
+    "planned_over_floor and ours_over_floor (best/floor), and for T_default, T_planned and "
+    "T_ours (the best) the rows slower "
     "than T_seq and the share faster than T_torch (NOTE [ratio summaries] in "
     "benchmarks/overlap_report.py); meaningful: false on the host transport",
     "skipped_rows": "rows of the suite that were not run, with the reason (NOTE [broad suite] "

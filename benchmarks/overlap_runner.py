@@ -29,6 +29,7 @@ from overlap.comm import Communicator, TorchBootstrap, TransportKind, tp_subgrou
 from overlap.gemm import gemm
 from overlap.ops import all_gather_rows, gemm_reduce_scatter_reference
 from overlap.quantization import CurrentScalingConfig, QuantizedTensor, make_quantizer
+from overlap.ub.plans import PlanPolicy, ShapeKey, ShapePlans
 
 
 def operand(
@@ -201,10 +202,11 @@ def bench_row(
     timelines of the best variant and torch's op as well (``row["trace"]``)."""
     run = RowRun(comm, group, variants, cuda, timer, passes, tracer)
     times = _bench_bulk_row if row["op"] in BULK_OPS else _bench_overlap_row
-    out = times(dict(row), run, *_row_inputs(cuda))
+    out = dict(row)
     # a broad row's shape is <family>.<layer>: its layer names the GEMM (NOTE [broad suite])
     layer = row.get("layer") or row["shape"]
     out["default_variant"] = ub_default_variant(row["op"], layer, comm.group.size)
+    out = times(out, run, *_row_inputs(cuda))
     return add_metrics(out)
 
 
@@ -295,6 +297,7 @@ def _time_row(
     objects."""
     try:
         built, out["variant_errors"] = build_variants(case, run.variants)
+        out["plan"] = _plan(out, run, case, built.get(out.get("default_variant") or ""), calls)
         timed = {**calls, **{f"variant {name}": call for name, call in built.items()}}
         if torch_call is not None:
             timed["T_torch"] = torch_call
@@ -324,6 +327,35 @@ def _time_row(
         name: med[f"variant {name}"] for name in built if f"variant {name}" in med
     }
     out["host_ms_torch"] = med.get("T_torch")
+
+
+def _plan(
+    out: dict[str, Any],
+    run: RowRun,
+    case: Case,
+    default: Callable[[], object] | None,
+    calls: dict[str, Callable[[], object]],
+) -> dict[str, Any] | None:
+    """NOTE [planned column]: what ``initialize_ub``'s measured shape plans (its default on
+    GPUs, NOTE [shape plans] in overlap/ub/plans.py) would run for this row, decided by their
+    own code and timing between the default variant and ``T_seq``: ``{"overlap": the op or
+    not, "op_ms", "sequential_ms"}`` (the plan's own figures, max over the TP group); None
+    where the default variant was not built (``--methods`` left it out). COLLECTIVE over the
+    TP group."""
+    if default is None:
+        return None
+    device = torch.device("cuda", torch.cuda.current_device()) if run.cuda else torch.device("cpu")
+
+    def reduce_max(values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=run.group)
+        return [float(v) for v in t.tolist()]
+
+    plans = ShapePlans(PlanPolicy.MEASURED)
+    key = ShapeKey(f"{out['op']}:{out['shape']}", case.m, case.k, case.n, case.fp8)
+    overlap = plans.choose(key, default, calls["T_seq"], reduce_max, cuda=run.cuda)
+    plan = plans.plans()[0]
+    return {"overlap": overlap, "op_ms": plan.op_ms, "sequential_ms": plan.sequential_ms}
 
 
 def _row_shape(row: dict[str, Any], comm: Communicator) -> tuple[int, bool, int, int, int]:

@@ -60,6 +60,13 @@ def _check_rows(rows: list[dict], variants: set[str], errors: set[str] = frozens
         # NOTE [default variant]: timed whenever the selection kept it
         if r["default_variant"] in r["T_ours_by_variant"]:
             assert r["T_default"] == r["T_ours_by_variant"][r["default_variant"]]
+            # NOTE [planned column]: the shape plan's own decision and figures, and its path
+            plan = r["plan"]
+            assert isinstance(plan["overlap"], bool), plan
+            assert plan["op_ms"] > 0 and plan["sequential_ms"] > 0, plan
+            assert r["T_planned"] == (r["T_default"] if plan["overlap"] else r["T_seq"])
+        else:
+            assert r["plan"] is None and r["T_planned"] is None
         # host transport: no torch async-TP (n/a with the reason), no TE reference
         assert r["T_torch"] is None and "CUDA" in r["torch_error"] and r["vs_torch"] is None
         assert r["T_te_ref"] is None and r["vs_te"] is None

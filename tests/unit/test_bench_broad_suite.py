@@ -296,6 +296,7 @@ def test_ratio_summaries_count_medians_and_worst_per_tp_and_bucket() -> None:
     }
     assert tp4["best"]["rows"] == 6 and tp4["best"]["slower_than_seq"] == 0
     assert tp4["best"]["faster_than_torch"] == 5  # 2.2 < 2.4 too
+    assert tp4["planned"]["rows"] == 0  # no row carries a plan
     tp2 = s["by_tp"]["2"]
     assert tp2["default"]["rows_with_torch"] == 0
     assert tp2["default"]["share_faster_than_torch"] is None
@@ -312,6 +313,29 @@ def test_ratio_summaries_count_medians_and_worst_per_tp_and_bucket() -> None:
     seq = next(ln for ln in lines if ln.startswith("  TP 4, default:"))
     assert "slower than sequential NCCL + cuBLASLt 1/5" in seq
     assert "faster than torch async-TP 3/5 (60%); best: " in seq
+
+
+def test_ratio_summaries_count_the_planned_path_apart() -> None:
+    """NOTE [planned column]: a plan that picked the sequential path over a default that was
+    slower than sequential puts the row back at T_seq; one that kept a slower op counts."""
+    plan_op = {"overlap": True, "op_ms": 1.0, "sequential_ms": 1.0}
+    plan_seq = {"overlap": False, "op_ms": 2.0, "sequential_ms": 1.0}
+    rows = [
+        _row(4, 1.0, 0.8, 1.9, 1.2, plan=plan_seq),  # default 1.9 > T_seq 1.8: plan fixes it
+        _row(4, 1.0, 0.8, 1.85, 1.2, plan=plan_op),  # kept the slower op: a plan's mistake
+        _row(4, 1.0, 0.2, 1.05, 1.02, plan=plan_op),
+    ]
+    s = report.summarize_by_ratio(rows, host=False)
+    tp4 = s["by_tp"]["4"]
+    assert tp4["default"]["slower_than_seq"] == 2
+    assert tp4["planned"]["rows"] == 3 and tp4["planned"]["slower_than_seq"] == 1
+    mid = tp4["buckets"]["0.5-1.0"]
+    assert mid["rows_with_planned"] == 2
+    assert mid["worst_planned_over_floor"] == pytest.approx(1.85)
+    assert mid["median_planned_over_floor"] == pytest.approx((1.8 + 1.85) / 2)
+    text = "\n".join(report.ratio_summary_lines(s))
+    assert "planned: slower than sequential NCCL + cuBLASLt 1/3" in text
+    assert "planned/floor median" in text
 
 
 def test_ratio_summaries_compare_nothing_on_the_host_transport() -> None:

@@ -258,6 +258,32 @@ def test_default_variant_is_timed_beside_the_best_and_counted_apart() -> None:
     assert "initialize_ub" not in report.summary_line(report.summarize([untimed, unknown]))
 
 
+def test_planned_column_is_the_path_the_shape_plan_picked() -> None:
+    """NOTE [planned column]: T_planned is T_default where the row's plan kept the op, T_seq
+    where it picked the sequential path, and absent without a plan or a default time."""
+    rng = random.Random()
+    op = report.add_metrics(
+        _random_row(rng, default_variant="v1", plan={"overlap": True, "op_ms": 1.0,
+                                                     "sequential_ms": 2.0})
+    )  # fmt: skip
+    seq = report.add_metrics(
+        _random_row(rng, default_variant="v1", plan={"overlap": False, "op_ms": 2.0,
+                                                     "sequential_ms": 1.0})
+    )  # fmt: skip
+    none = report.add_metrics(_random_row(rng, default_variant="v1"))
+    untimed = report.add_metrics(
+        _random_row(rng, default_variant="not timed", plan={"overlap": True, "op_ms": 1.0,
+                                                            "sequential_ms": 2.0})
+    )  # fmt: skip
+    assert op["T_planned"] == op["T_default"] and seq["T_planned"] == seq["T_seq"]
+    assert seq["planned_over_floor"] == pytest.approx(seq["T_seq"] / seq["floor"])
+    assert none["T_planned"] is untimed["T_planned"] is None
+    s = report.summarize([op, seq, none, untimed])
+    _check_target_counts(s, "planned", [op["planned_over_floor"], seq["planned_over_floor"]])
+    assert "planned by shape (the default on GPUs): " in report.summary_line(s)
+    assert "planned" not in report.summary_line(report.summarize([none]))
+
+
 def test_pipeline_floor_adds_one_chunk_gemm_to_our_collective() -> None:
     """NOTE [pipeline floor]: max(T_gemm, T_gemm_chunked / tp + T_comm_ours), for the rows
     that measured our collective (not bulk rows, which have no chunked GEMM)."""
