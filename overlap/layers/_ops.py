@@ -31,7 +31,6 @@ row wgrad              ``dW = AG(dY)^T X`` from the kept dY, same op      GEMM
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -40,9 +39,9 @@ from overlap.gemm import gemm
 from overlap.layers._tp import TensorParallelGroup, lookup_group
 from overlap.quantization import (
     DirectionFormat,
-    Fp8Format,
     QuantizedTensor,
     ScalingMode,
+    direction_format,
     transpose_fp8,
 )
 from overlap.ub import PlanPolicy, ShapeKey
@@ -78,14 +77,14 @@ def _operand(data: torch.Tensor, scale_inv: torch.Tensor | None) -> torch.Tensor
     )
 
 
-@functools.cache
 def _per_tensor_format(fp8: torch.dtype) -> DirectionFormat:
-    """The rowwise format of per-tensor FP8 data of dtype ``fp8``, one object per dtype (formats
-    are frozen): made once, and the ops' plan keys (NOTE [op plans]) compare it by identity."""
-    return DirectionFormat(ScalingMode.TENSOR, Fp8Format.of(fp8))
+    """The rowwise format of per-tensor FP8 data of dtype ``fp8``: the one shared object of
+    :func:`~overlap.quantization.formats.direction_format`, which the quantizers' outputs
+    carry too (the ops' plan keys, NOTE [op plans], compare it by identity first)."""
+    return direction_format(ScalingMode.TENSOR, fp8)
 
 
-_NO_FORMAT = DirectionFormat()  # a direction without data
+_NO_FORMAT = direction_format()  # a direction without data
 
 
 def _transpose(t: torch.Tensor) -> torch.Tensor:

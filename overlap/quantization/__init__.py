@@ -21,7 +21,7 @@ from overlap.quantization.amax_reduction import (
     as_amax_reducer,
 )
 from overlap.quantization.cached import CachedWeight, RecipeChangePolicy
-from overlap.quantization.formats import DirectionFormat, Fp8Format
+from overlap.quantization.formats import DirectionFormat, Fp8Format, direction_format
 from overlap.quantization.ops import (
     BlockScaledFP8,
     ScalingMode,
@@ -92,6 +92,7 @@ __all__ = [
     "cast_transpose",
     "compute_scale",
     "dequantize",
+    "direction_format",
     "make_quantizer",
     "quantize_block_1x128",
     "quantize_block_128x128",

@@ -26,6 +26,7 @@ rows ``M`` is what a row range must align to (:meth:`DirectionFormat.row_alignme
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ from overlap.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DirectionFormat", "Fp8Format"]
+__all__ = ["DirectionFormat", "Fp8Format", "direction_format"]
 
 _ROWWISE_MODES = (
     ScalingMode.TENSOR,
@@ -172,3 +173,20 @@ class DirectionFormat:
         if self.mode is None:
             return "high-precision"
         return f"{self.mode.name}/{self.fp8.name if self.fp8 else '?'}"
+
+
+def direction_format(mode: ScalingMode | None = None, fp8: Any = None) -> DirectionFormat:
+    """The :class:`DirectionFormat` of ``mode`` and ``fp8`` (any form :meth:`Fp8Format.of`
+    takes), one shared object per value. Formats are frozen, so sharing is safe. It spares a
+    validated construction per quantize call, and keys that hold formats (NOTE [op plans])
+    compare them by identity first.
+
+    Raises:
+        ConfigError: as :class:`DirectionFormat`.
+    """
+    return _shared_format(mode, None if fp8 is None else Fp8Format.of(fp8))
+
+
+@functools.cache
+def _shared_format(mode: ScalingMode | None, fp8: Fp8Format | None) -> DirectionFormat:
+    return DirectionFormat(mode, fp8)

@@ -44,9 +44,9 @@ from overlap.dtypes import ScalingMode
 from overlap.errors import ConfigError, InvalidArgumentError
 from overlap.quantization import ops
 from overlap.quantization.amax_reduction import AmaxReducer, as_amax_reducer
-from overlap.quantization.formats import DirectionFormat, Fp8Format
+from overlap.quantization.formats import DirectionFormat, Fp8Format, direction_format
 from overlap.quantization.ops import BlockScaledFP8
-from overlap.quantization.tensor import QuantizedTensor, QuantizedTensorMeta
+from overlap.quantization.tensor import QuantizedTensor
 
 if TYPE_CHECKING:
     import torch
@@ -403,8 +403,8 @@ class Quantizer(abc.ABC):
         parts = self._quantize_empty(x2d, req) if x2d.numel() == 0 else self._quantize_2d(x2d, req)
         if out is not None:
             return out
-        meta = QuantizedTensorMeta(tuple(x.shape), x.dtype, *self.formats)
-        return QuantizedTensor.from_tensors(parts, meta)
+        # NOTE [quantizer outputs] in overlap/quantization/tensor.py: valid by construction
+        return QuantizedTensor._made(parts, tuple(x.shape), x.dtype, self.formats)
 
     def _check_out(self, out: Any, x: torch.Tensor, row: bool, col: bool) -> None:
         name = type(self).__name__
@@ -511,7 +511,7 @@ class _PerTensorQuantizer(Quantizer):
 
     @property
     def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
-        fmt = DirectionFormat(ScalingMode.TENSOR, self.config.fp8)
+        fmt = direction_format(ScalingMode.TENSOR, self.config.fp8)
         return (fmt, fmt)
 
     @property
@@ -618,7 +618,7 @@ class BlockScalingQuantizer(Quantizer):
 
     @property
     def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
-        fmt = DirectionFormat(self.config.block, self.config.fp8)
+        fmt = direction_format(self.config.block, self.config.fp8)
         return (fmt, fmt)
 
     def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
@@ -645,8 +645,8 @@ class MXFP8Quantizer(Quantizer):
     @property
     def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
         return (
-            DirectionFormat(ScalingMode.MXFP8_ROWWISE, self.config.fp8),
-            DirectionFormat(ScalingMode.MXFP8_COLUMNWISE, self.config.fp8),
+            direction_format(ScalingMode.MXFP8_ROWWISE, self.config.fp8),
+            direction_format(ScalingMode.MXFP8_COLUMNWISE, self.config.fp8),
         )
 
     def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
@@ -668,7 +668,8 @@ class HighPrecisionQuantizer(Quantizer):
 
     @property
     def formats(self) -> tuple[DirectionFormat, DirectionFormat]:
-        return (DirectionFormat(), DirectionFormat())
+        fmt = direction_format()
+        return (fmt, fmt)
 
     def _quantize_2d(self, x2d: torch.Tensor, req: _Request) -> _Parts:
         if req.out is not None:

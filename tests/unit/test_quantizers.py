@@ -70,6 +70,7 @@ def test_round_trip_every_format(name: str, shape: tuple[int, ...], dtype: torch
     q = QUANTIZERS[name][0]()
     x = random_nd(shape, dtype, seed=len(name) * 31 + sum(shape))
     t = quantize_primed(q, x)
+    t._validate()  # NOTE [quantizer outputs]: built unvalidated, valid by construction
     assert t.shape == tuple(x.shape) and t.dtype == dtype
     assert t.formats == q.formats and t.has_rowwise and t.has_columnwise
     for col in (False, True):
@@ -85,6 +86,7 @@ def test_single_direction(name: str, row: bool, col: bool) -> None:
     q.set_usage(rowwise=row, columnwise=col)
     x = random_nd((64, 96), torch.float32, seed=5)
     t = quantize_primed(q, x)
+    t._validate()  # NOTE [quantizer outputs]
     assert (t.has_rowwise, t.has_columnwise) == (row, col)
     assert_within_fp8_error(t, x, columnwise=col)
     with pytest.raises(
@@ -93,6 +95,7 @@ def test_single_direction(name: str, row: bool, col: bool) -> None:
         t.dequantize(columnwise=row)
     # Per-call override, without touching the quantizer's flags.
     t2 = quantize_primed(q, x, rowwise=True, columnwise=True)
+    t2._validate()
     assert t2.has_rowwise and t2.has_columnwise
     assert (q.rowwise_usage, q.columnwise_usage) == (row, col)
 
@@ -614,3 +617,20 @@ def test_empty_input(name: str) -> None:
     assert t.dequantize(columnwise=True).shape == (0, 64)
     # A rank with no tokens still joins the amax reduction (with 0), or the others would hang.
     assert calls == [1] * int(q.uses_amax_group)
+
+
+def test_quantizers_share_one_format_object_per_value() -> None:
+    """direction_format: one frozen object per (mode, fp8), whatever form fp8 takes; the
+    quantizers' outputs carry it (the ops' plan keys compare it by identity first)."""
+    from overlap.quantization import direction_format
+
+    a = direction_format(ScalingMode.TENSOR, "e4m3")
+    assert a is direction_format(ScalingMode.TENSOR, torch.float8_e4m3fn)
+    assert a is direction_format(ScalingMode.TENSOR, Fp8Format.E4M3)
+    assert a == DirectionFormat(ScalingMode.TENSOR, Fp8Format.E4M3)
+    assert direction_format() is direction_format(None, None) == DirectionFormat()
+    q = CurrentScalingQuantizer(CurrentScalingConfig())
+    t = q.quantize(torch.ones(4, 32))
+    assert t.rowwise_format is a and t.columnwise_format is a
+    with pytest.raises(ConfigError, match="both set"):
+        direction_format(ScalingMode.TENSOR, None)
