@@ -6,13 +6,16 @@ gloo on CPU, NCCL on a GPU) and prints the median host microseconds of one forwa
 backward, BF16 and FP8 (current scaling).
 
 ``--ops`` instead measures the host time of one call of each overlap op (AG+GEMM, GEMM+RS,
-the bulk pair; tiny shapes on a group of one rank; ``--cuda``: the cuda transport on GPU 0)
+the bulk pair; tiny shapes on a group of one rank; ``--cuda``: the cuda transport on GPU 0;
+under mpirun or ``--launch N``: the group of all ranks)
 after its first call: the Python and binding overhead per op (NOTE [op plans] in
 ``overlap/ops/_operands.py``), beside the same call with its native function replaced by a
 no-op (the Python alone) and one plain GEMM of the same shape (the host cost of a GEMM, paid
 once per weight and chunk); ``--op-shape 1,16,16`` leaves next to no host GEMM in a CPU
-figure. ``--ub`` (under mpirun, or ``--launch N``) measures each layer
-with a ``Userbuffers`` handle (``initialize_ub``; the host transport, or cuda with
+figure; a ``torch.mm`` row gives torch's own host cost for the GEMM. On a group of N ranks a
+row is the host time of one op at TP N (every chunk's GEMM, put and handshake), the maximum
+over ranks. ``--ub`` (under mpirun, or ``--launch N``) measures each layer with a
+``Userbuffers`` handle (``initialize_ub``; the host transport, or cuda with
 ``--cuda``) beside the same layer with ``ub=None``, the maximum over ranks.
 
 With ``--cuda`` the GPU runs the kernels and the figure is the host's time to issue them. On
@@ -131,6 +134,8 @@ def measure_op(
     w = torch.randn(n, k, dtype=bf16, device=device)
     if name == "gemm":
         return {"op": name, "host_us": _median_us(lambda: gemm(x, w, transb=True), iters, cuda)}
+    if name == "torch.mm":  # torch's own cuBLAS GEMM: what issuing a GEMM costs torch's host
+        return {"op": name, "host_us": _median_us(lambda: torch.mm(x, w.t()), iters, cuda)}
     comm = Communicator(TorchBootstrap(dist.group.WORLD), "cuda" if cuda else "host")
     tp = comm.group.size
     try:
@@ -243,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from benchmarks.common import format_table
+    from overlap.launch import detect_launch_env
 
-    if args.ub:
+    if args.ub or detect_launch_env().world_size > 1:
         from overlap.launch import init_torch_distributed
 
         launch = init_torch_distributed("nccl" if args.cuda else "gloo")
@@ -256,12 +262,20 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", 0) if args.cuda else torch.device("cpu")
     if args.ops:
         m, k, n = (int(v) for v in args.op_shape.split(","))
-        rows = [measure_op(o, device, args.iters, (m, k, n)) for o in (*OPS, "gemm")]
-        print(f"host time per overlap op call, {dist.get_world_size()} rank(s), {device.type}, "
-              f"M,K,N = {args.op_shape}, median of {args.iters} calls (us); python us: the "
-              "native op a no-op; gemm: one overlap.gemm.gemm of the same shape")  # fmt: skip
-        print(format_table(rows, [("op", "op"), ("host_us", "host us"),
-                                  ("python_us", "python us")]))  # fmt: skip
+        from benchmarks.common import max_over_ranks
+
+        rows = [measure_op(o, device, args.iters, (m, k, n)) for o in (*OPS, "gemm", "torch.mm")]
+        for row in rows:  # the slowest rank issues the op (a no-op on a job of one)
+            for key in ("host_us", "python_us"):
+                if key in row:
+                    row[key] = max_over_ranks(row[key])
+        if dist.get_rank() == 0:
+            print(f"host time per overlap op call, {dist.get_world_size()} rank(s) (the op's "
+                  f"group: M rows per rank), {device.type}, M,K,N = {args.op_shape}, median of "
+                  f"{args.iters} calls, max over ranks (us); python us: the native op a no-op; "
+                  "gemm: one overlap.gemm.gemm of the same shape; torch.mm: torch's")  # fmt: skip
+            print(format_table(rows, [("op", "op"), ("host_us", "host us"),
+                                      ("python_us", "python us")]))  # fmt: skip
         return _finish(args, device, rows)
     if args.ub:
         from benchmarks.common import max_over_ranks

@@ -74,19 +74,23 @@ def test_host_time_benchmark_on_cpu(tmp_path: Path) -> None:
     assert all(r["host_us"] > 0 for r in rows)
 
 
-def test_host_time_ops_benchmark_on_cpu(tmp_path: Path) -> None:
-    """``--ops``: each op's whole call and its Python alone (the native op a no-op), and one
-    plain GEMM."""
+@pytest.mark.parametrize(
+    "launch", [pytest.param(None, id="one_rank"), pytest.param(2, id="np2", marks=pytest.mark.mpi)]
+)
+def test_host_time_ops_benchmark_on_cpu(tmp_path: Path, launch: int | None) -> None:
+    """``--ops``: each op's whole call and its Python alone (the native op a no-op), one plain
+    GEMM and torch's; under ``--launch 2`` the ops run on a group of two ranks."""
     out = tmp_path / "host_time_ops.json"
     cmd = [sys.executable, "-m", "benchmarks.host_time", "--ops", "--iters", "3", "--json",
-           str(out)]  # fmt: skip
+           str(out), *(["--launch", str(launch)] if launch else [])]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = {r["op"]: r for r in json.loads(out.read_text())["rows"]}
     ops = ("ag_gemm", "ag_gemm_fp8", "ag_gemm_3w", "gemm_rs", "ag_beside_gemm", "rs_beside_gemm")
-    assert set(rows) == {*ops, "gemm"}
+    assert set(rows) == {*ops, "gemm", "torch.mm"}
     assert all(rows[o]["host_us"] > 0 and rows[o]["python_us"] > 0 for o in ops), rows
-    assert rows["gemm"]["host_us"] > 0
+    assert rows["gemm"]["host_us"] > 0 and rows["torch.mm"]["host_us"] > 0
+    assert f"{launch or 1} rank(s)" in done.stdout
 
 
 @pytest.mark.mpi
