@@ -240,6 +240,7 @@ AlgoEntry tune_key(GemmContext& ctx, const AutotuneConfig& config,
                    const std::function<std::string()>& what) {
   AlgoEntry entry;
   entry.algo = h[0].algo;
+  entry.workspace = h[0].workspaceSize;
   entry.settled = true;
   GemmTuneRecord& rec = entry.record;
   const int count = static_cast<int>(h.size());
@@ -308,6 +309,7 @@ AlgoEntry tune_key(GemmContext& ctx, const AutotuneConfig& config,
   rec.status = TuneStatus::kTuned;
   rec.chosen = best;
   entry.algo = h[static_cast<std::size_t>(best)].algo;
+  entry.workspace = h[static_cast<std::size_t>(best)].workspaceSize;
   std::ostringstream msg;
   if (failed > 0) {
     msg << failed << " of " << count << " candidates could not run";
@@ -442,8 +444,9 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
 
   // NOTE [gemm autotune]: a settled key is a plain cache hit (the hot path: one lookup).
   cublasLtMatmulAlgo_t algo;
+  std::size_t workspace = 0;
   bool settled = false;
-  const bool cached = ctx->find_algo(key, &algo, &settled);
+  const bool cached = ctx->find_algo(key, &algo, &workspace, &settled);
   AutotuneConfig config;
   bool want_tune = false;
   const char* untuned_why = nullptr;
@@ -469,24 +472,27 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
                          [&] { return describe(a, b, d, s, o); });
     if (!want_tune) {
       algo = h[0].algo;
-      ctx->insert_algo(key, AlgoEntry{algo, false, {}});
+      workspace = h[0].workspaceSize;
+      ctx->insert_algo(key, AlgoEntry{algo, workspace, false, {}});
     } else {
       RelaxedCaptureMode relaxed;  // NOTE [gemm autotune]: another thread may be capturing
       std::lock_guard<std::mutex> tune_lock(ctx->tune_mutex());
-      if (ctx->find_settled(key, &algo, &record)) {  // another thread tuned it meanwhile
+      if (ctx->find_settled(key, &algo, &workspace, &record)) {  // tuned by another thread
         record.status = TuneStatus::kCached;
       } else {
         const TuneProblem p{a, b, d, s, o.alpha, fp8_out ? 0.0f : o.beta};
         AlgoEntry entry =
             tune_key(*ctx, config, h, p, desc, layouts, [&] { return describe(a, b, d, s, o); });
         algo = entry.algo;
+        workspace = entry.workspace;
         record = entry.record;
         ctx->insert_algo(key, std::move(entry));
       }
     }
   } else if (settled && tune != nullptr) {  // (hits without a request copy nothing)
     cublasLtMatmulAlgo_t same;
-    ctx->find_settled(key, &same, &record);
+    std::size_t same_workspace = 0;
+    ctx->find_settled(key, &same, &same_workspace, &record);
     record.status = TuneStatus::kCached;
   }
   if (tune != nullptr && tune->record != nullptr) {
@@ -497,32 +503,39 @@ void gemm_cuda(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
     set(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(d.amax));
   }
 
-  // GPU work starts here: scratch (workspace + staged block scales), then the matmul.
+  // GPU work starts here: scratch (the algorithm's workspace + staged block scales) where the
+  // call needs any (NOTE [gemm workspace]), then the matmul.
   const std::size_t a_stage = staged_scale_bytes(a);
   const std::size_t b_stage = staged_scale_bytes(b);
-  const std::size_t a_off = kWorkspaceBytes;
+  const std::size_t a_off = round_up(workspace, kScratchAlign);
   const std::size_t b_off = a_off + round_up(a_stage, kScratchAlign);
+  const std::size_t scratch_bytes = b_off + round_up(b_stage, kScratchAlign);
   // An eager GEMM allocates stream-ordered scratch even while another thread captures a graph
   // in global mode, which would forbid the allocation (and its free) on this thread: relaxed mode
   // until both are done, `relaxed` outliving `scratch` (a capturing stream keeps the thread's mode,
   // the allocation becoming a graph node).
   std::optional<RelaxedCaptureMode> relaxed;
-  if (!capturing) relaxed.emplace();
-  ScratchBuffer scratch(ctx->pool(), b_off + round_up(b_stage, kScratchAlign), stream);
+  std::optional<ScratchBuffer> scratch;
+  if (scratch_bytes > 0) {
+    if (!capturing) relaxed.emplace();
+    scratch.emplace(ctx->pool(), scratch_bytes, stream);
+  }
+  char* const base = scratch ? scratch->data() : nullptr;
+  const auto staging = [&](std::size_t off) {  // (no scratch: nothing is staged)
+    return base != nullptr ? reinterpret_cast<float*>(base + off) : nullptr;
+  };
   if (block) {
-    const float* a_scales =
-        stage_scales(a, reinterpret_cast<float*>(scratch.data() + a_off), stream);
-    const float* b_scales =
-        stage_scales(b, reinterpret_cast<float*>(scratch.data() + b_off), stream);
+    const float* a_scales = stage_scales(a, staging(a_off), stream);
+    const float* b_scales = stage_scales(b, staging(b_off), stream);
     set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b_scales));
     set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a_scales));
   }
   const float alpha = o.alpha;
   const float beta = fp8_out ? 0.0f : o.beta;
-  OVERLAP_CHECK_CUBLAS(cublasLtMatmul(ctx->handle(), desc.get(), &alpha, b.data, a_layout.get(),
-                                      a.data, b_layout.get(), &beta, c_ptr, c_layout.get(), d_ptr,
-                                      d_layout.get(), &algo, scratch.data(), kWorkspaceBytes,
-                                      stream));
+  OVERLAP_CHECK_CUBLAS(
+      cublasLtMatmul(ctx->handle(), desc.get(), &alpha, b.data, a_layout.get(), a.data,
+                     b_layout.get(), &beta, c_ptr, c_layout.get(), d_ptr, d_layout.get(), &algo,
+                     workspace > 0 ? static_cast<void*>(base) : nullptr, workspace, stream));
 }
 
 }  // namespace overlap::gemm

@@ -100,22 +100,25 @@ GemmContext::GemmContext(int device)
       handle_(),
       pool_(device, /*keep_reserved=*/true) {}
 
-bool GemmContext::find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo, bool* settled) {
+bool GemmContext::find_algo(const AlgoKey& key, cublasLtMatmulAlgo_t* algo, std::size_t* workspace,
+                            bool* settled) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = cache_.find(key);
   if (it == cache_.end()) return false;
   *algo = it->second.algo;
+  *workspace = it->second.workspace;
   *settled = it->second.settled;
   if (*settled) ++hits_;
   return true;
 }
 
 bool GemmContext::find_settled(const AlgoKey& key, cublasLtMatmulAlgo_t* algo,
-                               GemmTuneRecord* record) const {
+                               std::size_t* workspace, GemmTuneRecord* record) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = cache_.find(key);
   if (it == cache_.end() || !it->second.settled) return false;
   *algo = it->second.algo;
+  *workspace = it->second.workspace;
   *record = it->second.record;
   return true;
 }
