@@ -116,6 +116,7 @@ def _runs_op(
         run_sequential,
         lambda values: tp.all_reduce_max(values, x.device),
         cuda=x.device.type == "cuda",
+        barrier=lambda: tp.device_barrier(x.device),
     )
 
 

@@ -158,6 +158,16 @@ class TensorParallelGroup:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return [float(v) for v in t.tolist()]
 
+    def device_barrier(self, device: torch.device) -> None:
+        """Queues a one-element all-reduce over the group on ``device``'s current stream and
+        returns without waiting for it: work queued after it on that stream starts once every
+        rank's GPU has reached it (NOTE [shape plans]). Nothing on a group of one."""
+        import torch
+        import torch.distributed as dist
+
+        if self.size > 1:
+            dist.all_reduce(torch.zeros(1, device=device), group=self.group)
+
     def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of ``x``, a new tensor."""
         import torch.distributed as dist

@@ -19,26 +19,34 @@ never silently does not happen.
 
 How a path is timed matters more than it seems. The first version timed each path right after
 one untimed call, with no alignment of the ranks: on 4 GPUs every shape of a TransformerLayer
-then measured the op 1.2-6x slower than the sequential path (qkv 14.0 ms against 2.3 for a
-GEMM of about 0.1 ms), because a collective op waits for its latest peer, and the op, timed
-first, absorbed the ranks' skew (performance log [shape plans]). So each path now runs
+then measured the op 1.2-6x slower than the sequential path (qkv 14.0 ms against 2.3 for a GEMM
+of about 0.1 ms), because a collective op waits for its latest peer, and the op, timed first,
+absorbed the ranks' skew (performance log [shape plans]). So each path now runs
 :data:`UNTIMED_CALLS` untimed calls (GEMM tuning, collective set-up), the ranks meet in an
-all-reduce, and the timed calls queue behind a GPU spin: the figure is the paths' GPU time,
-what a graphed step or any GPU-bound step pays. A host-bound eager step pays the host's time
+all-reduce, and the timed calls queue behind a GPU spin and a device-side barrier (a
+one-element all-reduce queued on the stream behind the spin, so that every GPU starts the timed
+calls when the last one gets there), each call timed on its own and the median kept: the figure
+is the paths' GPU time, what a graphed step or any GPU-bound step pays. (With the host-side
+alignment alone, each rank's spin started when its host got there, and the earliest rank's
+first timed call absorbed the skew: in the broad suite's first GPU run of the planned column,
+4xH200 TP 4, the plan timed sequential paths up to 2.4x the benchmark's T_seq of the same call,
+0.275 against 0.114 ms, and 11 of 224 rows ran the op where it was slower than sequential;
+performance log [broad suite] planned column.) A host-bound eager step pays the host's time
 instead, which the plan does not see (graphs remove it, NOTE [graphed layers]). Verdict: a
-measured plan should never run slower than the sequential path by more than the timing noise
-of its first call. Measured on 4xH100 (performance log [shape plans], second run): the
-timed figures now match the GEMMs' own times (a 4096 x 4096 x 1536 FP8 qkv GEMM: op 0.107 ms
-against 0.119 sequential), every shape of a Llama-3-70B layer at T = 8192 keeps the op, and the
-small Llama-3-8B shapes at T = 4096 drop to the sequential path where it is faster (fc1 FP8:
-0.303 ms op, 0.252 sequential). So MEASURED became the default on GPUs: a plan that can lose
-to the sequential path is no longer what a user gets without asking.
+measured plan should never run slower than the sequential path by more than the timing noise of
+its first call. Measured on 4xH100 (performance log [shape plans], second run): the timed
+figures now match the GEMMs' own times (a 4096 x 4096 x 1536 FP8 qkv GEMM: op 0.107 ms against
+0.119 sequential), every shape of a Llama-3-70B layer at T = 8192 keeps the op, and the small
+Llama-3-8B shapes at T = 4096 drop to the sequential path where it is faster (fc1 FP8: 0.303 ms
+op, 0.252 sequential). So MEASURED became the default on GPUs: a plan that can lose to the
+sequential path is no longer what a user gets without asking.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -105,7 +113,7 @@ class ShapePlan:
         key: the shape.
         overlap: True: the GEMM's overlap op; False: the sequential path.
         reason: one line saying why (the policy, or the measured times).
-        op_ms: the op's time (ms per call, mean of the timed calls, max over ranks) when
+        op_ms: the op's time (ms per call, median of the timed calls, max over ranks) when
             measured.
         sequential_ms: the sequential path's, likewise.
     """
@@ -151,6 +159,7 @@ class ShapePlans:
         reduce_max: Callable[[list[float]], list[float]],
         *,
         cuda: bool,
+        barrier: Callable[[], Any] | None = None,
     ) -> bool:
         """Whether the call of shape ``key`` runs the op (True) or the sequential path.
 
@@ -166,6 +175,10 @@ class ShapePlans:
                 the barrier that aligns the ranks before each path is timed).
             cuda: the paths run on the current CUDA stream (timed by CUDA events; a capture in
                 progress is detected); else they are timed by the host clock.
+            barrier: on cuda, enqueues a collective over the TP group on the current stream
+                without waiting for it (a device-side barrier): the timed calls queue behind
+                it, so every rank's GPU starts them together (NOTE [shape plans]); None: the
+                ranks are aligned on the host only.
         """
         plan = self._plans.get(key)
         if plan is not None:
@@ -183,15 +196,17 @@ class ShapePlans:
             def align() -> None:
                 reduce_max([0.0])
 
-            local = [_mean_ms(run_op, self.timed_calls, cuda, align),
-                     _mean_ms(run_sequential, self.timed_calls, cuda, align)]  # fmt: skip
+            local = [
+                _median_ms(path, self.timed_calls, cuda, align, barrier)
+                for path in (run_op, run_sequential)
+            ]
             op_ms, seq_ms = reduce_max(local)
             overlap = op_ms <= seq_ms
             verdict = "the op" if overlap else "the sequential path"
             plan = ShapePlan(
                 key, overlap,
-                f"measured: op {op_ms:.3f} ms, sequential {seq_ms:.3f} ms (GPU time, mean of "
-                f"{self.timed_calls} back to back, max over the TP group): {verdict}",
+                f"measured: op {op_ms:.3f} ms, sequential {seq_ms:.3f} ms (GPU time, median "
+                f"of {self.timed_calls} back to back, max over the TP group): {verdict}",
                 op_ms, seq_ms,
             )  # fmt: skip
         self._plans[key] = plan
@@ -223,13 +238,24 @@ UNTIMED_CALLS = 2
 SPIN_CYCLES = 4_000_000
 
 
-def _mean_ms(fn: Callable[[], Any], calls: int, cuda: bool, align: Callable[[], Any]) -> float:
-    """Mean ms per call of ``calls`` calls of ``fn`` issued back to back, after
+def _median_ms(
+    fn: Callable[[], Any],
+    calls: int,
+    cuda: bool,
+    align: Callable[[], Any],
+    barrier: Callable[[], Any] | None,
+) -> float:
+    """Median ms of ``calls`` calls of ``fn`` issued back to back, after
     :data:`UNTIMED_CALLS` untimed ones, with every rank of the group aligned first (``align``,
     a collective): a collective op waits for its slowest peer, so a rank that arrived late
     (still tuning, or busy with Python) would otherwise count its lateness as the op's time.
-    On a GPU the calls queue behind a spin, so the figure is their GPU time (what a graphed
-    step, or any GPU-bound one, pays); on the host, the wall clock."""
+    On a GPU the calls queue behind a spin and then ``barrier`` (a device-side collective),
+    so the figure is their GPU time (what a graphed step, or any GPU-bound one, pays) with
+    every GPU starting them together; on the host, the wall clock. Each call is timed on its
+    own and the median kept: one call that absorbs what is left of the ranks' skew does not
+    move it."""
+    import statistics
+
     import torch
 
     for _ in range(UNTIMED_CALLS):
@@ -238,17 +264,20 @@ def _mean_ms(fn: Callable[[], Any], calls: int, cuda: bool, align: Callable[[], 
         torch.cuda.synchronize()
     align()
     if not cuda:
-        t0 = time.perf_counter()
+        times = []
         for _ in range(calls):
+            t0 = time.perf_counter()
             fn()
-        return (time.perf_counter() - t0) * 1e3 / calls
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
     torch.cuda.synchronize()  # the alignment's own collective has finished on this GPU
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
     torch.cuda._sleep(SPIN_CYCLES)
-    start.record()
-    for _ in range(calls):
+    if barrier is not None:
+        barrier()
+    events[0].record()
+    for i in range(calls):
         fn()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end)) / calls
+        events[i + 1].record()
+    events[-1].synchronize()
+    return statistics.median(float(a.elapsed_time(b)) for a, b in itertools.pairwise(events))

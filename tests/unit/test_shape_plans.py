@@ -111,3 +111,12 @@ def test_initialize_ub_refuses_an_unknown_policy_before_anything_collective() ->
 
     with pytest.raises(ConfigError, match="shape_plans"):
         initialize_ub((64, 32), object(), shape_plans="sometimes", register=False)
+
+
+def test_the_device_barrier_is_only_queued_on_gpus() -> None:
+    """``barrier`` (a device-side collective queued behind the spin, NOTE [shape plans]) is a
+    CUDA device's: on the host the wall clock times the calls and nothing is queued."""
+    queued = []
+    plans = ShapePlans("measured", timed_calls=3)
+    plans.choose(KEY, _Path(0), _Path(0), _same, cuda=False, barrier=lambda: queued.append(1))
+    assert queued == []
