@@ -30,16 +30,18 @@ is the paths' GPU time, what a graphed step or any GPU-bound step pays. (With th
 alignment alone, each rank's spin started when its host got there, and the earliest rank's
 first timed call absorbed the skew: in the broad suite's first GPU run of the planned column,
 4xH200 TP 4, the plan timed sequential paths up to 2.4x the benchmark's T_seq of the same call,
-0.275 against 0.114 ms, and 11 of 224 rows ran the op where it was slower than sequential;
-performance log [broad suite] planned column.) A host-bound eager step pays the host's time
-instead, which the plan does not see (graphs remove it, NOTE [graphed layers]). Verdict: a
-measured plan should never run slower than the sequential path by more than the timing noise of
-its first call. Measured on 4xH100 (performance log [shape plans], second run): the timed
-figures now match the GEMMs' own times (a 4096 x 4096 x 1536 FP8 qkv GEMM: op 0.107 ms against
-0.119 sequential), every shape of a Llama-3-70B layer at T = 8192 keeps the op, and the small
-Llama-3-8B shapes at T = 4096 drop to the sequential path where it is faster (fc1 FP8: 0.303 ms
-op, 0.252 sequential). So MEASURED became the default on GPUs: a plan that can lose to the
-sequential path is no longer what a user gets without asking.
+0.275 against 0.114 ms, and 11 of 224 rows ran the op where it was slower than sequential; with
+the barrier, the next run's ratio was 1.006 in the median and 1.18 at most, and 6 rows ran the
+op where it was slower, by at most 1.115x; performance log [broad suite] planned column.) A
+host-bound eager step pays the host's time instead, which the plan does not see (graphs remove
+it, NOTE [graphed layers]). Verdict: a measured plan should never run slower than the
+sequential path by more than the timing noise of its first call. Measured on 4xH100
+(performance log [shape plans], second run): the timed figures now match the GEMMs' own times
+(a 4096 x 4096 x 1536 FP8 qkv GEMM: op 0.107 ms against 0.119 sequential), every shape of a
+Llama-3-70B layer at T = 8192 keeps the op, and the small Llama-3-8B shapes at T = 4096 drop to
+the sequential path where it is faster (fc1 FP8: 0.303 ms op, 0.252 sequential). So MEASURED
+became the default on GPUs: a plan that can lose to the sequential path is no longer what a
+user gets without asking.
 """
 
 from __future__ import annotations
