@@ -42,12 +42,18 @@ class GpuModel:
             lasts ``1 + 1.5 host_ms iters`` ms (benchmarks/common.py).
         baseline_host_ms: the same for a bare GEMM or NCCL collective.
         call_ms: the rest of a timed call's cost (synchronisation, the maximum over ranks).
-        row_s: building a row (operands, buffers, torch's symmetric memory) besides tuning:
-            the least known figure; compare a run's ``estimated_gpu_seconds`` with its
-            ``seconds`` (JSON) to correct it.
+        row_s: building a row (operands, buffers, torch's symmetric memory) besides tuning.
         tuned_gemms, tune_calls: GEMM shapes autotuned per row (whole, chunk, pieces) and
             the GEMM calls each tuning costs (NOTE [gemm autotune] in
-            csrc/gemm/cuda/autotune.h).
+            csrc/gemm/cuda/autotune.h; keys shared between rows and variants are tuned once,
+            which this per-row figure averages over).
+
+    ``row_s`` and ``tune_calls``, the least known figures, are fitted to three measured runs
+    of the broad suite (2026-11-27: 144 rows with five variants at TP 4 on H100s, 224 rows
+    with three at TP 4 and at TP 2 on H200s, ``--passes 1 --iters 10``): 42.5, 80 and 118 s
+    measured, estimated 43, 91 and 130 s (before, with 0.5 s and 32 calls: 99, 195 and 260
+    s). Compare a run's ``estimated_gpu_seconds`` with its ``seconds`` (JSON) to correct them
+    again.
     """
 
     bf16_tflops: float = 600.0
@@ -58,9 +64,9 @@ class GpuModel:
     host_ms: float = 0.3
     baseline_host_ms: float = 0.05
     call_ms: float = 2.0
-    row_s: float = 0.5
+    row_s: float = 0.15
     tuned_gemms: int = 5
-    tune_calls: int = 32
+    tune_calls: int = 8
 
     def gemm_ms(self, row: Mapping[str, Any]) -> float:
         """The row's GEMM alone: its rank's M x K x N."""
