@@ -49,11 +49,9 @@ class GpuModel:
             which this per-row figure averages over).
 
     ``row_s`` and ``tune_calls``, the least known figures, are fitted to three measured runs
-    of the broad suite (2026-11-27: 144 rows with five variants at TP 4 on H100s, 224 rows
-    with three at TP 4 and at TP 2 on H200s, ``--passes 1 --iters 10``): 42.5, 80 and 118 s
-    measured, estimated 43, 91 and 130 s (before, with 0.5 s and 32 calls: 99, 195 and 260
-    s). Compare a run's ``estimated_gpu_seconds`` with its ``seconds`` (JSON) to correct them
-    again.
+    of the broad suite (docs/performance-log.md [broad suite] planned column: within 15% of
+    each, never short). Compare a run's ``estimated_gpu_seconds`` with its ``seconds``
+    (JSON) to correct them again.
     """
 
     bf16_tflops: float = 600.0
