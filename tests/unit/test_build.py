@@ -57,3 +57,26 @@ def test_require_cuda_explains_why_on_a_machine_without_gpus() -> None:
         overlap.UnsupportedHardwareError, match=r"the widget needs (CUDA|a CUDA GPU)"
     ):
         overlap.require_cuda("the widget")
+
+
+def test_the_host_cost_probe_compiles(tmp_path: Path) -> None:
+    """benchmarks/native/host_cost_probe.cu (docs/performance-log.md [gemm workspace]) stays
+    buildable: compiled, not linked (no GPU needed), against the cuBLASLt headers the build
+    found."""
+    if not _nvcc_available():
+        pytest.skip("nvcc not on this machine")
+    import site
+
+    roots = [Path(p) / "nvidia" / v / "include" for p in site.getsitepackages()
+             for v in ("cu13", "cu12")] + [Path("/usr/local/cuda/include")]  # fmt: skip
+    include = next((r for r in roots if (r / "cublasLt.h").exists()), None)
+    if include is None:
+        pytest.skip("no cublasLt.h found")
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    probe = Path(__file__).resolve().parents[2] / "benchmarks" / "native" / "host_cost_probe.cu"
+    done = subprocess.run(
+        [nvcc, "-std=c++17", "-arch=sm_90", f"-I{include}", "-c", str(probe), "-o",
+         str(tmp_path / "probe.o")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
