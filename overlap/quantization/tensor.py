@@ -113,13 +113,18 @@ class QuantizedTensor:
         columnwise_data: torch.Tensor | None = None,
         columnwise_scale_inv: torch.Tensor | None = None,
     ) -> None:
-        self._shape = tuple(int(s) for s in shape)
-        self._dtype = dtype
-        self._formats = (rowwise_format, columnwise_format)
-        self._data: list[torch.Tensor | None] = [rowwise_data, columnwise_data]
-        self._scale_inv: list[torch.Tensor | None] = [rowwise_scale_inv, columnwise_scale_inv]
-        self._cached = False
+        formats = (rowwise_format, columnwise_format)
+        data, scale_inv = [rowwise_data, columnwise_data], [rowwise_scale_inv, columnwise_scale_inv]
+        self._set_fields(tuple(int(s) for s in shape), dtype, formats, data, scale_inv)
         self._validate()
+
+    def _set_fields(self, shape: tuple[int, ...], dtype: torch.dtype,
+                    formats: tuple[DirectionFormat, DirectionFormat],
+                    data: list[torch.Tensor | None],
+                    scale_inv: list[torch.Tensor | None]) -> None:  # fmt: skip
+        """Every field, unchecked: the one list of them (``__init__`` and :meth:`_made`)."""
+        self._shape, self._dtype, self._formats = shape, dtype, formats
+        self._data, self._scale_inv, self._cached = data, scale_inv, False
 
     # ---- accessors ------------------------------------------------------------------------
 
@@ -233,7 +238,6 @@ class QuantizedTensor:
         formats: tuple[DirectionFormat, DirectionFormat],
     ) -> QuantizedTensor:
         """:meth:`from_tensors` without :meth:`_validate`, for a quantizer's own output.
-
         NOTE [quantizer outputs]: a quantizer allocates its outputs from its formats' own
         ``data_shape`` / ``scale_shape`` on its input's device: valid by construction.
         Validating anyway (and a new format object per call) cost 4-12 us of a 60-72 us
@@ -242,8 +246,7 @@ class QuantizedTensor:
         quantizer's output. Verdict: validate at the boundary, not our own construction.
         """
         t = cls.__new__(cls)
-        t._shape, t._dtype, t._formats, t._cached = shape, dtype, formats, False
-        t._data, t._scale_inv = [tensors[0], tensors[2]], [tensors[1], tensors[3]]
+        t._set_fields(shape, dtype, formats, [tensors[0], tensors[2]], [tensors[1], tensors[3]])
         return t
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> QuantizedTensor:
