@@ -47,7 +47,7 @@ from overlap.ops import (
 )
 from overlap.ops.bulk import bulk_rs_max_blocks
 from overlap.quantization import QuantizedTensor
-from overlap.ub import LAYERS, MethodConfig, OverlapMethod, UbConfig
+from overlap.ub import LAYERS, MethodConfig, OverlapMethod, UbConfig, plan_label
 
 __all__ = [
     "BULK_OPS",
@@ -508,7 +508,24 @@ def ub_default_variant(op: str, shape: str, tp: int) -> str | None:
     :func:`~overlap.initialize_ub` configures by default at TP size ``tp`` for the GEMM name
     :func:`ub_gemm_name` gives (NOTE [default variant]); None where no registered variant
     runs it."""
-    cfg = UbConfig(tokens=tp, hidden=1, tp=tp).gemms[ub_gemm_name(op, shape)]
+    return _variant_running(op, UbConfig(tokens=tp, hidden=1, tp=tp).gemms[ub_gemm_name(op, shape)])
+
+
+def ub_alternate_variants(op: str, shape: str, tp: int) -> dict[str, str]:
+    """The registered variants that run the alternate settings a measured shape plan times for
+    the GEMM name of ``op`` and ``shape`` at TP size ``tp`` (NOTE [plan alternates] in
+    overlap/ub/config.py), by the plan's label; alternates no registered variant runs are left
+    out."""
+    cfg = UbConfig(tokens=tp, hidden=1, tp=tp)
+    found = {
+        plan_label(alt): _variant_running(op, alt)
+        for alt in cfg.alternates(ub_gemm_name(op, shape))
+    }
+    return {label: name for label, name in found.items() if name is not None}
+
+
+def _variant_running(op: str, cfg: MethodConfig) -> str | None:
+    """The name of the registered variant of ``op`` that runs ``cfg`` (None: none does)."""
     found = _default_kwargs(op, cfg)
     if found is None:
         return None

@@ -85,9 +85,11 @@ NOTE [planned column]: on GPUs ``initialize_ub`` plans by shape (NOTE [shape pla
 overlap/ub/plans.py): the first call of each GEMM shape times the op against the sequential
 path, and the faster runs from then on. What a user gets by default for a row is therefore
 neither ``T_default`` nor ``T_seq`` but the path that plan picks. Each row runs the plans' own
-code (``ShapePlans.choose``, its timing, the maximum over the TP group) between the default
-variant and ``T_seq`` before the timed passes, and ``T_planned`` is the suite's time of the
-path it picked (``plan`` in the JSON holds the plan's own figures). ``planned/floor`` and the
+code (``ShapePlans.choose``, its timing, the maximum over the TP group) among the default
+variant, the variants of its alternate settings that ``--methods`` built (NOTE [plan
+alternates] in overlap/ub/config.py; ``alternate_variants`` in the JSON) and ``T_seq`` before
+the timed passes, and ``T_planned`` is the suite's time of the path it picked (``plan`` in the
+JSON holds the plan's own figures). ``planned/floor`` and the
 planned rows slower than sequential in the summaries are the figures the issue's "the
 defaults" targets mean on GPUs. A plan can pick the slower path where the two are within its
 timing noise: the count of planned rows slower than sequential measures that. Verdict: the

@@ -59,8 +59,7 @@ def add_metrics(row: dict[str, Any]) -> dict[str, Any]:
     (NOTE [default variant] in benchmarks/methods.py)."""
     variants = row["T_ours_by_variant"]
     best = min(variants, key=variants.get) if variants else None
-    row["best_variant"] = best
-    row["T_ours"] = variants[best] if best else None
+    row["best_variant"], row["T_ours"] = best, (variants[best] if best else None)
     row["host_ms"] = (row.get("host_ms_by_variant") or {}).get(best)
     row["floor"] = floor = max(row["T_gemm"], row["T_comm"])
     ours = row["T_ours"]
@@ -88,7 +87,8 @@ def add_metrics(row: dict[str, Any]) -> dict[str, Any]:
     # NOTE [planned column] in benchmarks/overlap_ops.py: the path the shape plan picked
     plan, planned = row.get("plan"), None
     if plan is not None and row["T_default"] is not None:
-        planned = row["T_default"] if plan["overlap"] else row["T_seq"]
+        ran = plan.get("variant") or row["default_variant"]  # (older rows: no "variant")
+        planned = variants.get(ran) if plan["overlap"] else row["T_seq"]
     row["T_planned"], row["planned_over_floor"] = planned, planned and planned / floor
     return row
 
@@ -465,10 +465,10 @@ DEFINITIONS = {
     "T_default": "T_ours_by_variant of default_variant, the variant running what "
     "initialize_ub() configures by default for the row's GEMM name (NOTE [default "
     "variant] in benchmarks/methods.py); default_over_floor = T_default / floor",
-    "T_planned": "T_default or T_seq, whichever the row's shape plan picked (plan: the "
-    "decision of overlap.ub.plans.ShapePlans under the measured policy, initialize_ub's "
-    "default on GPUs, with its own op_ms and sequential_ms; NOTE [planned column] in "
-    "benchmarks/overlap_ops.py); planned_over_floor = T_planned / floor",
+    "T_planned": "the path the row's shape plan picked: T_default, an alternate setting's "
+    "variant or T_seq (plan: overlap.ub.plans.ShapePlans' decision, initialize_ub's default "
+    "on GPUs, with its own times_ms; NOTE [planned column] in benchmarks/overlap_ops.py); "
+    "planned_over_floor = T_planned / floor",
     "efficiency": "1 - (T_ours - T_gemm) / (T_seq - T_gemm)",
     "T_comm_ours": "our runtime's collective alone: the all-gather of the shard, or the "
     "reduce-scatter of the [M, N] partial sums in place in the buffer",

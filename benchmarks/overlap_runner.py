@@ -21,7 +21,14 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.common import Progress, describe, first_error, time_in_passes
-from benchmarks.methods import BULK_OPS, Case, SideGemm, Variant, ub_default_variant
+from benchmarks.methods import (
+    BULK_OPS,
+    Case,
+    SideGemm,
+    Variant,
+    ub_alternate_variants,
+    ub_default_variant,
+)
 from benchmarks.overlap_report import add_metrics, progress_message
 from benchmarks.overlap_suite import te_floor_reference, te_reference
 from benchmarks.trace import Tracer, row_label
@@ -29,7 +36,7 @@ from overlap.comm import Communicator, TorchBootstrap, TransportKind, tp_subgrou
 from overlap.gemm import gemm
 from overlap.ops import all_gather_rows, gemm_reduce_scatter_reference
 from overlap.quantization import CurrentScalingConfig, QuantizedTensor, make_quantizer
-from overlap.ub.plans import PlanPolicy, ShapeKey, ShapePlans
+from overlap.ub.plans import OP, SEQUENTIAL, PlanPolicy, ShapeKey, ShapePlans
 
 
 def operand(
@@ -206,6 +213,7 @@ def bench_row(
     # a broad row's shape is <family>.<layer>: its layer names the GEMM (NOTE [broad suite])
     layer = row.get("layer") or row["shape"]
     out["default_variant"] = ub_default_variant(row["op"], layer, comm.group.size)
+    out["alternate_variants"] = ub_alternate_variants(row["op"], layer, comm.group.size)
     out = times(out, run, *_row_inputs(cuda))
     return add_metrics(out)
 
@@ -297,7 +305,7 @@ def _time_row(
     objects."""
     try:
         built, out["variant_errors"] = build_variants(case, run.variants)
-        out["plan"] = _plan(out, run, case, built.get(out.get("default_variant") or ""), calls)
+        out["plan"] = _plan(out, run, case, built, calls)
         timed = {**calls, **{f"variant {name}": call for name, call in built.items()}}
         if torch_call is not None:
             timed["T_torch"] = torch_call
@@ -333,16 +341,19 @@ def _plan(
     out: dict[str, Any],
     run: RowRun,
     case: Case,
-    default: Callable[[], object] | None,
+    built: dict[str, Callable[[], object]],
     calls: dict[str, Callable[[], object]],
 ) -> dict[str, Any] | None:
     """NOTE [planned column]: what ``initialize_ub``'s measured shape plans (its default on
     GPUs, NOTE [shape plans] in overlap/ub/plans.py) would run for this row, decided by their
-    own code and timing between the default variant and ``T_seq``: ``{"overlap": the op or
-    not, "op_ms", "sequential_ms"}`` (the plan's own figures, max over the TP group); None
-    where the default variant was not built (``--methods`` left it out). COLLECTIVE over the
-    TP group."""
-    if default is None:
+    own code and timing among the default variant, the variants of its alternate settings that
+    were built (``alternate_variants``, NOTE [plan alternates] in overlap/ub/config.py) and
+    ``T_seq``: ``{"path": the plan's label, "variant": the variant it runs (None:
+    sequential), "overlap", "times_ms" (the plan's own figures by label, max over the TP
+    group), "op_ms", "sequential_ms"}``; None where the default variant was not built
+    (``--methods`` left it out). COLLECTIVE over the TP group."""
+    default = out.get("default_variant")
+    if default not in built:
         return None
     device = torch.device("cuda", torch.cuda.current_device()) if run.cuda else torch.device("cpu")
 
@@ -354,11 +365,24 @@ def _plan(
     def barrier() -> None:  # device-side: queued on the stream, not waited for
         dist.all_reduce(torch.zeros(1, device=device), group=run.group)
 
+    variants = {OP: default}
+    for label, name in (out.get("alternate_variants") or {}).items():
+        if name in built and name not in variants.values():
+            variants[label] = name
+    paths = {label: built[name] for label, name in variants.items()}
+    paths[SEQUENTIAL] = calls["T_seq"]
     plans = ShapePlans(PlanPolicy.MEASURED)
     key = ShapeKey(f"{out['op']}:{out['shape']}", case.m, case.k, case.n, case.fp8)
-    overlap = plans.choose(key, default, calls["T_seq"], reduce_max, cuda=run.cuda, barrier=barrier)
+    path = plans.choose(key, paths, reduce_max, cuda=run.cuda, barrier=barrier)
     plan = plans.plans()[0]
-    return {"overlap": overlap, "op_ms": plan.op_ms, "sequential_ms": plan.sequential_ms}
+    return {
+        "path": path,
+        "variant": variants.get(path),
+        "overlap": plan.overlap,
+        "times_ms": dict(plan.times_ms),
+        "op_ms": plan.op_ms,
+        "sequential_ms": plan.sequential_ms,
+    }
 
 
 def _row_shape(row: dict[str, Any], comm: Communicator) -> tuple[int, bool, int, int, int]:

@@ -31,6 +31,8 @@ row wgrad              ``dW = AG(dY)^T X`` from the kept dY, same op      GEMM
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,6 +47,7 @@ from overlap.quantization import (
     transpose_fp8,
 )
 from overlap.ub import PlanPolicy, ShapeKey
+from overlap.ub.plans import OP, SEQUENTIAL
 
 __all__ = [
     "column_backward",
@@ -95,29 +98,35 @@ def _transpose(t: torch.Tensor) -> torch.Tensor:
     return t.t().contiguous()
 
 
-def _runs_op(
+def _planned_op(
     tp: TensorParallelGroup,
     name: str,
     shape: tuple[int, int, int],
     x: torch.Tensor,
     *,
-    run_op: Any,
-    run_sequential: Any,
-) -> bool:
-    """Whether this call of GEMM ``name`` (``shape`` = M, K, N; ``x`` its input) runs its
-    overlap op or the sequential path: the handle's plan for the shape (NOTE [shape plans] in
-    ``overlap/ub/plans.py``); under PlanPolicy.ALWAYS the op, at no cost."""
-    plans = tp.userbuffers(name).plans
-    if plans.policy is PlanPolicy.ALWAYS:
-        return True
-    return plans.choose(
+    call: Callable[[Any], Any],
+    run_sequential: Callable[[], Any],
+) -> Any:
+    """The op object that this call of GEMM ``name`` (``shape`` = M, K, N; ``x`` its input)
+    runs, or None for the sequential path: the handle's plan for the shape (NOTE [shape plans]
+    in ``overlap/ub/plans.py``) among its op, the op's alternate settings (NOTE [plan
+    alternates] in ``overlap/ub/config.py``) and ``run_sequential``; ``call(op)`` runs one
+    call of an op. Under PlanPolicy.ALWAYS the op, at no cost."""
+    ub = tp.userbuffers(name)
+    op = ub.get(name)
+    if ub.plans.policy is PlanPolicy.ALWAYS:
+        return op
+    ops = {OP: op, **ub.alternates(name)}
+    paths = {label: functools.partial(call, candidate) for label, candidate in ops.items()}
+    paths[SEQUENTIAL] = run_sequential
+    chosen = ub.plans.choose(
         ShapeKey(name, *shape, _is_fp8(x)),
-        run_op,
-        run_sequential,
+        paths,
         lambda values: tp.all_reduce_max(values, x.device),
         cuda=x.device.type == "cuda",
         barrier=lambda: tp.device_barrier(x.device),
     )
+    return None if chosen == SEQUENTIAL else ops[chosen]
 
 
 def _kept_gather(
@@ -176,9 +185,8 @@ def _column_forward(  # noqa: PLR0917 (a schema is positional)
 
     if overlap:
         name = f"{gemm_name}_fprop"
-        op = tp.userbuffers(name).get(name)
 
-        def overlapped() -> torch.Tensor:
+        def overlapped(op: Any) -> torch.Tensor:
             return op(
                 _operand(x, x_scale_inv),
                 _operand(weight, weight_scale_inv),
@@ -188,8 +196,9 @@ def _column_forward(  # noqa: PLR0917 (a schema is positional)
             )
 
         shape = (tp.size * x.shape[0], x.shape[1], weight.shape[0])
-        if _runs_op(tp, name, shape, x, run_op=overlapped, run_sequential=sequential):
-            return overlapped()
+        op = _planned_op(tp, name, shape, x, call=overlapped, run_sequential=sequential)
+        if op is not None:
+            return overlapped(op)
     return sequential()
 
 
@@ -255,24 +264,23 @@ def _column_backward(  # noqa: PLR0917 (a schema is positional)
     def gather_then_dgrad() -> tuple[torch.Tensor, torch.Tensor]:
         return tp.all_gather_rows(x), dgrad_gemm()
 
+    op = None
     if bulk_dgrad:
-        op = tp.userbuffers(dgrad_name).get(dgrad_name)
 
-        def bulk_ag() -> torch.Tensor:
+        def bulk_ag(op: Any) -> torch.Tensor:
             return op(_operand(x, x_scale_inv), dy, w_dgrad, out_dtype=dx_dtype, **dgrad_kw)
 
-        bulk_dgrad = _runs_op(
-            tp, dgrad_name, dgrad_shape, dy, run_op=bulk_ag, run_sequential=gather_then_dgrad
+        op = _planned_op(
+            tp, dgrad_name, dgrad_shape, dy, call=bulk_ag, run_sequential=gather_then_dgrad
         )
-    if bulk_dgrad:
-        dgrad = bulk_ag()
+    if op is not None:
+        dgrad = bulk_ag(op)
         x_full, x_full_scale_inv = _kept_gather(op, x_scale_inv)
     else:
         x_full = tp.all_gather_rows(x)
         if rs_dgrad:
-            op = tp.userbuffers(dgrad_name).get(dgrad_name)
 
-            def gemm_rs() -> torch.Tensor:
+            def gemm_rs(op: Any) -> torch.Tensor:
                 return op(
                     _operand(dy, dy_scale_inv),
                     _operand(w_dgrad, w_dgrad_scale_inv),
@@ -283,12 +291,12 @@ def _column_backward(  # noqa: PLR0917 (a schema is positional)
             def dgrad_then_scatter() -> torch.Tensor:
                 return tp.reduce_scatter_rows(dgrad_gemm())
 
-            rs_dgrad = _runs_op(
-                tp, dgrad_name, dgrad_shape, dy, run_op=gemm_rs, run_sequential=dgrad_then_scatter
+            op = _planned_op(
+                tp, dgrad_name, dgrad_shape, dy, call=gemm_rs, run_sequential=dgrad_then_scatter
             )
-            if rs_dgrad:
-                dx = gemm_rs()
-        if not rs_dgrad:
+            if op is not None:
+                dx = gemm_rs(op)
+        if dx is None:
             dgrad = dgrad_gemm()
     # 2. wgrad: dW [N, K] = dY^T X_full (FP8: TN, from the transposes [N, T] and [K, T]).
     empty = dy.new_empty((0,), dtype=dw_dtype)
@@ -300,12 +308,12 @@ def _column_backward(  # noqa: PLR0917 (a schema is positional)
         w_kw = {"transa": True}
     out_kw = {"gemm_out": main_grad, "beta": 1.0} if main_grad is not None else {}
     # 3. dX shard (the reduce-scatter of dgrad) and dW.
+    op = None
     if dx is None and bulk_wgrad and wgrad:
         wgrad_name = f"{gemm_name}_wgrad"
-        op = tp.userbuffers(wgrad_name).get(wgrad_name)
 
         # Timed with a fresh dW: a timed call must not accumulate into main_grad.
-        def bulk_rs() -> tuple[torch.Tensor, torch.Tensor]:
+        def bulk_rs(op: Any) -> tuple[torch.Tensor, torch.Tensor]:
             return op(dgrad, w_a, w_b, fast_accum=False, gemm_out_dtype=dw_dtype, **w_kw)
 
         def scatter_then_wgrad() -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,10 +324,10 @@ def _column_backward(  # noqa: PLR0917 (a schema is positional)
 
         # wgrad is [N, T] x [T, K]: N the rows of dW, K its columns.
         wgrad_shape = (dy.shape[1], dy.shape[0], x.shape[1])
-        bulk_wgrad = _runs_op(
-            tp, wgrad_name, wgrad_shape, dy, run_op=bulk_rs, run_sequential=scatter_then_wgrad
+        op = _planned_op(
+            tp, wgrad_name, wgrad_shape, dy, call=bulk_rs, run_sequential=scatter_then_wgrad
         )
-    if dx is None and bulk_wgrad and wgrad:
+    if op is not None:
         if main_grad is None:
             out_kw = {"gemm_out_dtype": dw_dtype}
         dx, dw = op(dgrad, w_a, w_b, fast_accum=False, **out_kw, **w_kw)
@@ -415,12 +423,13 @@ def _row_forward(  # noqa: PLR0917 (a schema is positional)
                 "activation dtype"
             )
 
-        def overlapped() -> torch.Tensor:
+        def overlapped(op: Any) -> torch.Tensor:
             return op(_operand(x, x_scale_inv), _operand(weight, weight_scale_inv))
 
         shape = (x.shape[0], x.shape[1], weight.shape[0])
-        if _runs_op(tp, name, shape, x, run_op=overlapped, run_sequential=sequential):
-            return overlapped()
+        planned = _planned_op(tp, name, shape, x, call=overlapped, run_sequential=sequential)
+        if planned is not None:
+            return overlapped(planned)
     return sequential()
 
 
@@ -472,12 +481,11 @@ def _row_backward(  # noqa: PLR0917 (a schema is positional)
         )
         return dy_full, dx
 
-    use_op = overlap
+    op = None
     if overlap:
         name = f"{gemm_name}_dgrad"
-        op = tp.userbuffers(name).get(name)
 
-        def overlapped() -> torch.Tensor:
+        def overlapped(op: Any) -> torch.Tensor:
             return op(
                 _operand(dy, dy_scale_inv),
                 _operand(w_dgrad, w_dgrad_scale_inv),
@@ -490,9 +498,9 @@ def _row_backward(  # noqa: PLR0917 (a schema is positional)
         # dgrad alone is timed (wgrad is the same GEMM either way, and may accumulate into
         # main_grad, which a timed call must not touch).
         shape = (tp.size * dy.shape[0], dy.shape[1], w_dgrad.shape[0 if fp8 else 1])
-        use_op = _runs_op(tp, name, shape, dy, run_op=overlapped, run_sequential=sequential)
-    if use_op:
-        dx = overlapped()
+        op = _planned_op(tp, name, shape, dy, call=overlapped, run_sequential=sequential)
+    if op is not None:
+        dx = overlapped(op)
         dy_full, dy_scale_inv = _kept_gather(op, dy_scale_inv)
     else:
         dy_full, dx = sequential()

@@ -33,6 +33,7 @@ from overlap.ub.config import (
     RingRsConfig,
     UbConfig,
     method_config_class,
+    plan_label,
 )
 from overlap.ub.handle import Userbuffers, destroy_ub, get_ub, initialize_ub
 from overlap.ub.names import (
@@ -70,4 +71,5 @@ __all__ = [
     "get_ub",
     "initialize_ub",
     "method_config_class",
+    "plan_label",
 ]

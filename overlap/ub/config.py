@@ -47,6 +47,7 @@ __all__ = [
     "RingRsConfig",
     "UbConfig",
     "method_config_class",
+    "plan_label",
 ]
 
 
@@ -407,6 +408,10 @@ class UbConfig:
     _entries: Mapping[str, Entry] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # The names whose method the user gave (NOTE [plan alternates] varies the others').
+    _user_methods: frozenset[str] = dataclasses.field(
+        default=frozenset(), init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         _check_int("UbConfig.tokens", self.tokens, 1, None)
@@ -467,6 +472,17 @@ class UbConfig:
             entries[name] = cfg
         object.__setattr__(self, "gemms", resolved)
         object.__setattr__(self, "_entries", entries)
+        object.__setattr__(self, "_user_methods", frozenset(chosen))
+
+    def alternates(self, name: str) -> tuple[MethodConfig, ...]:
+        """The other settings of GEMM ``name``'s op that a measured shape plan times beside
+        :attr:`gemms` ``[name]`` and the sequential path (NOTE [plan alternates]): every knob
+        and method the user gave stays; empty for a name given as a per-method config, for
+        the bulk methods and for ``NONE``."""
+        check_name(name)
+        return _alternates(
+            self._entries[name], name in self._user_methods, self.gemms[name], self.tp
+        )
 
     def for_tp(self, tp: int) -> UbConfig:
         """This config for a group of ``tp`` ranks: itself when it was made for a TP size
@@ -474,9 +490,11 @@ class UbConfig:
         every knob that was not given (NOTE [ub tp 2], NOTE [bulk_rs defaults])."""
         if self.tp is not None:
             return self
-        return UbConfig(
+        config = UbConfig(
             self.tokens, self.hidden, self.dtype, self.fp8_dtype, self.timeout_s, self._entries, tp
         )
+        object.__setattr__(config, "_user_methods", self._user_methods)  # entries carry them all
+        return config
 
     @classmethod
     def from_te_dict(
@@ -489,6 +507,59 @@ class UbConfig:
         entries = te_dict.convert(te_cfgs, kwargs.get("tp"))
         gemms = {name: GemmOverlapConfig(**kw) for name, kw in entries.items()}
         return cls(tokens=tokens, hidden=hidden, gemms=gemms, **kwargs)
+
+
+# NOTE [plan alternates]: one setting of an op does not win on every shape (the broad suite,
+# 4xH200 TP 4: two compute lanes were the fastest AG+GEMM setting on 80 of 112 rows and one lane
+# on 32; the pipelined GEMM+RS with one lane on 62, the pulled ring on 32, two lanes on 18), so a
+# measured plan (NOTE [shape plans]) times, beside the op as configured and the sequential path,
+# the settings below, and each shape runs the fastest. They vary only what the user left to the
+# defaults: an AG+GEMM's compute lanes (1 or 2; pushes only: pulls have their own schedule), a
+# GEMM+RS's method (pipelined or the pulled ring, the core's other settings) and, for the
+# pipelined one, its lanes (1 or 2). Every alternate fits the op's window: the lanes do not size
+# a buffer, and a GEMM+RS window is sized for the larger of its two methods (NOTE [gemm_rs_ring
+# layout]). Verdict: measure a few settings per shape, never a grid (each costs a few calls at
+# a shape's first call). Measured: docs/performance-log.md [plan alternates].
+ALTERNATE_LANES = (1, 2)
+
+
+def _alternates(
+    entry: Entry, method_given: bool, cfg: MethodConfig, tp: int | None
+) -> tuple[MethodConfig, ...]:
+    """NOTE [plan alternates] of a name resolved to ``cfg`` from its entry (the user's
+    knobs; ``method_given``: its method was the user's too)."""
+    if not isinstance(entry, GemmOverlapConfig):
+        return ()  # a per-method config: every knob is the user's
+    g = entry
+    lanes = ALTERNATE_LANES if g.compute_lanes is None else (g.compute_lanes,)
+    found: list[MethodConfig] = []
+    if isinstance(cfg, RingAgConfig) and not cfg.pull_shards:
+        found = [dataclasses.replace(cfg, compute_lanes=n) for n in lanes]
+    elif isinstance(cfg, (PipelineRsConfig, RingRsConfig)):
+        both = (OverlapMethod.PIPELINE_RS, OverlapMethod.RING_RS)
+        for method in (cfg.method,) if method_given else both:
+            if method is OverlapMethod.RING_RS:
+                pulls = True if g.pull_shards is None else g.pull_shards
+                found.append(g.resolve(method, tp, pull_shards=pulls))
+            else:
+                base = g.resolve(method, tp)
+                found += [dataclasses.replace(base, compute_lanes=n) for n in lanes]
+    unique: list[MethodConfig] = []
+    for alt in found:
+        if alt != cfg and alt not in unique:
+            unique.append(alt)
+    return tuple(unique)
+
+
+def plan_label(cfg: MethodConfig) -> str:
+    """How a shape plan names a setting of an op (NOTE [plan alternates]): its method, lanes
+    and settings, e.g. ``"ring_rs lanes=1 subchunks=2 pull"``."""
+    lanes = getattr(cfg, "compute_lanes", None)
+    return " ".join(
+        part
+        for part in (cfg.method.value, "" if lanes is None else f"lanes={lanes}", cfg.settings)
+        if part and part != "-"
+    )
 
 
 def _size(tp: int | None) -> int:

@@ -19,33 +19,34 @@ defined until the next op of any GEMM name of the handle; never save it for back
 NOTE [buffer generation]); it never returns another op's data.
 
 NOTE [userbuffer memory]:
-Invariant: the handle holds one symmetric buffer (one allocation per rank) of the largest
-step's need, and every op runs on a window of it (NOTE [buffer windows] in
-``csrc/comm/symmetric_buffer.h``) sized by what that op holds (its layout, ``buffer_bytes``:
-the gathered ``[T, H]`` plus FP8 scale slots; GEMM+RS ``2 tp - 1`` partial slots pipelined,
-``tp`` for the ring; bulk RS ``tp - 1``: no slot for a rank's own rows). Windows of different
-kinds share bytes, except a bulk all-gather's and a bulk reduce-scatter's, which are disjoint.
-Reason: in the layers' schedule (docs/design.md §9.1) every communicating step is one custom
-op that reads what a buffer keeps before the step ends (NOTE [layer custom ops]): column
-forward (AG+GEMM; the gathered input dies with the op), row forward (GEMM+RS), row backward
-(AG+GEMM keeping dY, read by wgrad right after, before any other op) and column backward,
-where the bulk all-gather's gathered input is read by the wgrad GEMM that runs beside the
-bulk reduce-scatter: the one overlap of two kinds' lifetimes. So the buffer needs
-max(bulk AG + bulk RS, GEMM+RS, AG+GEMM). With ``S = T * H * 2`` (a gathered BF16
-activation): BF16 ``max(S + S / 2, S) = 1.5 S`` at TP 2 (ring GEMM+RS) and
-``max(S + 3 S / 4, 7 S / 4) = 1.75 S`` at TP 4 (pipelined); FP8 gathers ``S / 2`` (+ scale
-slots) beside a BF16 reduce-scatter: ``S`` at TP 2, ``1.75 S`` at TP 4 (the pipelined GEMM+RS's
-BF16 partials). All are within ``2 S = 2 * T * H * 2``, against ``4 S`` to ``5 S`` with a
-buffer per kind. Safety: the windows share the root's op sequence, so buffer reuse stays safe
-across kinds (invariant 8); one generation covers the buffer and all its windows, so a view
-kept past any other op raises :class:`~overlap.errors.StaleBufferError` instead of reading
-overwritten bytes; and a bulk op refuses a side GEMM operand inside its own window (NOTE [bulk
-independence]). The cost: every op of the handle now follows every other in one op sequence,
-so an op that only pushes (AG+GEMM) after one whose peers read this rank's region (GEMM+RS)
-waits for every acknowledgement up front (NOTE [deferred acknowledgements]): the two share
-bytes, so that wait is what makes the sharing safe. Nothing is left above the largest step's
-need but 256-byte alignment and the cuda transport's 2 MiB rounding; less would need the
-largest step to hold less (FP8 partial sums on the wire, a GEMM+RS that reduces in place).
+Invariant: the handle holds one symmetric buffer (one allocation per rank) of the largest step's
+need, and every op runs on a window of it (NOTE [buffer windows] in
+``csrc/comm/symmetric_buffer.h``) sized by what that op holds (its layout, ``buffer_bytes``: the
+gathered ``[T, H]`` plus FP8 scale slots; GEMM+RS ``2 tp - 1`` partial slots pipelined, ``tp`` for
+the ring; bulk RS ``tp - 1``: no slot for a rank's own rows). Windows of different kinds share
+bytes, except a bulk all-gather's and a bulk reduce-scatter's, which are disjoint. Reason: in the
+layers' schedule (docs/design.md §9.1) every communicating step is one custom op that reads what a
+buffer keeps before the step ends (NOTE [layer custom ops]): column forward (AG+GEMM; the gathered
+input dies with the op), row forward (GEMM+RS), row backward (AG+GEMM keeping dY, read by wgrad
+right after, before any other op) and column backward, where the bulk all-gather's gathered input is
+read by the wgrad GEMM that runs beside the bulk reduce-scatter: the one overlap of two kinds'
+lifetimes. So the buffer needs max(bulk AG + bulk RS, GEMM+RS, AG+GEMM), a window sized for the
+largest of its op and the op's alternate settings that a measured plan may run instead (NOTE [plan
+alternates] in ``overlap/ub/config.py``: the GEMM+RS's two methods). With ``S = T * H * 2`` (a
+gathered BF16 activation): BF16 ``max(S + S / 2, 3 S / 2) = 1.5 S`` at TP 2 (the ring's ``S``, the
+pipelined alternate's ``3 S / 2``) and ``max(S + 3 S / 4, 7 S / 4) = 1.75 S`` at TP 4 (pipelined);
+FP8 gathers ``S / 2`` (+ scale slots) beside BF16 partial sums: ``1.5 S`` at TP 2 (``S`` before the
+alternates), ``1.75 S`` at TP 4. All are within ``2 S = 2 * T * H * 2``, against ``4 S`` to ``5 S``
+with a buffer per kind. Safety: the windows share the root's op sequence, so buffer reuse stays safe
+across kinds (invariant 8); one generation covers the buffer and all its windows, so a view kept
+past any other op raises :class:`~overlap.errors.StaleBufferError` instead of reading overwritten
+bytes; and a bulk op refuses a side GEMM operand inside its own window (NOTE [bulk independence]).
+The cost: every op of the handle now follows every other in one op sequence, so an op that only
+pushes (AG+GEMM) after one whose peers read this rank's region (GEMM+RS) waits for every
+acknowledgement up front (NOTE [deferred acknowledgements]): the two share bytes, so that wait is
+what makes the sharing safe. Nothing is left above the largest step's need but 256-byte alignment
+and the cuda transport's 2 MiB rounding; less would need the largest step to hold less (FP8 partial
+sums on the wire, a GEMM+RS that reduces in place).
 Verdict: one allocation; windows share bytes across kinds except bulk AG / bulk RS.
 
 NOTE [ub environment]: unlike TE's userbuffers, nothing here needs
@@ -72,7 +73,7 @@ from typing import TYPE_CHECKING, Any
 from overlap.comm.groups import as_bootstrap
 from overlap.errors import ConfigError, StateError
 from overlap.ub import te_dict
-from overlap.ub.config import GEMM_ENTRIES, GemmOverlapConfig, MethodConfig, UbConfig
+from overlap.ub.config import GEMM_ENTRIES, GemmOverlapConfig, MethodConfig, UbConfig, plan_label
 from overlap.ub.names import GEMM_NAMES, GEMM_RS, OverlapMethod, check_name
 from overlap.ub.plans import PlanPolicy, ShapePlans
 
@@ -169,7 +170,8 @@ def plan_buffer(config: UbConfig, tp: int) -> tuple[list[_BufferUse], int]:
 
     from overlap._native import native
 
-    gemms = config.for_tp(tp).gemms
+    resolved = config.for_tp(tp)
+    gemms = resolved.gemms
     dtype = getattr(torch, config.dtype)
     fp8_dtype = getattr(torch, config.fp8_dtype)
     groups: dict[tuple[OverlapMethod, str, int | None], list[str]] = {}
@@ -183,12 +185,13 @@ def plan_buffer(config: UbConfig, tp: int) -> tuple[list[_BufferUse], int]:
         groups.setdefault((kind, str(buf_dtype).removeprefix("torch."), split), []).append(name)
 
     def op_bytes(name: str, buf_dtype: torch.dtype) -> int:
-        cfg = gemms[name]
+        # The op's and its alternates' (NOTE [plan alternates]): a plan may run any of them.
         args = (tp, config.tokens, config.hidden, buf_dtype)
-        if cfg.method in GEMM_RS:  # sized for the larger method (NOTE [gemm_rs_ring layout])
-            method = cfg.op_kwargs()["method"]
-            return int(_op_class(cfg.method).buffer_bytes(*args, method=method))
-        return int(_op_class(cfg.method).buffer_bytes(*args))
+        sizes = []
+        for cfg in (gemms[name], *resolved.alternates(name)):
+            kw = {"method": cfg.op_kwargs()["method"]} if cfg.method in GEMM_RS else {}
+            sizes.append(int(_op_class(cfg.method).buffer_bytes(*args, **kw)))
+        return max(sizes)
 
     needs = {
         key: max(op_bytes(n, getattr(torch, key[1])) for n in names)
@@ -235,6 +238,8 @@ class Userbuffers:
         # (NOTE [ub tp 2], NOTE [bulk_rs defaults]); its methods stay as it chose them.
         self._gemms: Mapping[str, MethodConfig] = config.for_tp(self.tp).gemms
         self._ops: dict[str, UbOp] = {}
+        self._windows: dict[str, tuple[SymmetricBuffer, torch.dtype]] = {}
+        self._alternates: dict[str, dict[str, UbOp]] = {}  # NOTE [plan alternates]
         self._uses: list[_BufferUse] = []
         self._buffer: SymmetricBuffer | None = None
         try:
@@ -250,14 +255,16 @@ class Userbuffers:
                     window.put_split = w.put_split
                 self._uses.append(dataclasses.replace(w, put_split=window.put_split))
                 for name in w.names:
-                    self._ops[name] = self._make_op(name, window, getattr(torch, w.dtype))
+                    self._windows[name] = (window, getattr(torch, w.dtype))
+                    self._ops[name] = self._make_op(name, self._gemms[name], *self._windows[name])
         except BaseException:
             comm.destroy()
             raise
         self._destroyed = False
 
-    def _make_op(self, name: str, buffer: SymmetricBuffer, buf_dtype: torch.dtype) -> UbOp:
-        cfg = self._gemms[name]
+    def _make_op(
+        self, name: str, cfg: MethodConfig, buffer: SymmetricBuffer, buf_dtype: torch.dtype
+    ) -> UbOp:
         args = (self.comm, self.config.tokens, self.config.hidden, buf_dtype)
         return _op_class(cfg.method)(*args, **cfg.op_kwargs(), name=name, buffer=buffer)
 
@@ -329,6 +336,24 @@ class Userbuffers:
             )
         return self._ops[name]
 
+    def alternates(self, name: str) -> dict[str, UbOp]:
+        """The op objects of GEMM ``name``'s alternate settings, by label (e.g.
+        ``"pipeline_rs lanes=2 pieces=1 max_blocks=0"``): what a measured shape plan times
+        beside :meth:`get` and the sequential path (NOTE [plan alternates] in
+        ``overlap/ub/config.py``). Built at the first request, on the window of ``name``'s op
+        (never run at the same time as it); empty where none applies.
+
+        Raises:
+            StateError / ConfigError: as :meth:`get`.
+        """
+        self.get(name)
+        if name not in self._alternates:
+            self._alternates[name] = {
+                plan_label(cfg): self._make_op(name, cfg, *self._windows[name])
+                for cfg in self.config.for_tp(self.tp).alternates(name)
+            }
+        return self._alternates[name]
+
     def describe(self) -> str:
         """A table of every GEMM name's method, window and settings (the per-method config's
         ``settings``), then the buffer, its windows (byte ranges: windows of different kinds
@@ -380,6 +405,7 @@ class Userbuffers:
             return
         self._destroyed = True
         self._ops.clear()
+        self._alternates.clear()
         self.comm.destroy()
 
     def __enter__(self) -> Userbuffers:

@@ -1,4 +1,5 @@
-"""Plans by shape: whether a GEMM of a given shape runs its overlap op or the sequential path.
+"""Plans by shape: which setting of its overlap op, or the sequential path, a GEMM of a given
+shape runs.
 
 NOTE [shape plans]: overlap does not win on every shape. Where the GEMM dwarfs the collective
 (an MLP's fc1 at large token counts: T_comm / T_gemm ~ 0.14 at TP 4), the chunked GEMMs and
@@ -6,10 +7,12 @@ the copies beside them cost about what the collective would, and the overlap op 
 all-gather (or reduce-scatter) followed by one GEMM; on other shapes it loses (small GEMMs,
 where its fixed costs exceed the collective it hides). Which side wins depends on the shape,
 the dtype, the TP size and the machine, so it is measured, not guessed: under
-:attr:`PlanPolicy.MEASURED` the first call of each ``(GEMM name, M, K, N, FP8)`` times the op
-and the layer's sequential path (NCCL collective + cuBLASLt GEMM) on every rank, takes the
-maximum over the TP group of each, and from then on runs whichever was faster (ties go to the
-op). Every rank reaches the same decision because every rank compares the same all-reduced
+:attr:`PlanPolicy.MEASURED` the first call of each ``(GEMM name, M, K, N, FP8)`` times the op,
+its alternate settings (another lane count, the other GEMM+RS method: NOTE [plan alternates]
+in ``overlap/ub/config.py``) and the layer's sequential path (NCCL collective + cuBLASLt GEMM)
+on every rank, takes the maximum over the TP group of each, and from then on runs whichever
+was fastest (ties go to the earlier path: the op as configured first, sequential last).
+Every rank reaches the same decision because every rank compares the same all-reduced
 numbers; a shape first met while a CUDA graph is being captured cannot be timed (no
 synchronisation in a capture), so it runs the op and says so. :attr:`PlanPolicy.ALWAYS` runs
 the op on every call, as before this note. ``initialize_ub``'s default is MEASURED on GPUs and
@@ -50,13 +53,13 @@ import dataclasses
 import enum
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from overlap._logging import logger
 from overlap.errors import ConfigError
 
-__all__ = ["PlanPolicy", "ShapeKey", "ShapePlan", "ShapePlans"]
+__all__ = ["OP", "SEQUENTIAL", "PlanPolicy", "ShapeKey", "ShapePlan", "ShapePlans"]
 
 
 class PlanPolicy(enum.Enum):
@@ -107,24 +110,45 @@ class ShapeKey:
         return f"{self.name} M={self.m} K={self.k} N={self.n} {inputs}"
 
 
+#: The label of a GEMM's overlap op as configured, among a plan's paths.
+OP = "op"
+#: The label of the sequential path (NCCL collective + cuBLASLt GEMM) among a plan's paths.
+SEQUENTIAL = "sequential"
+
+
 @dataclasses.dataclass(frozen=True)
 class ShapePlan:
     """What the calls of one shape run, and why.
 
     Attributes:
         key: the shape.
-        overlap: True: the GEMM's overlap op; False: the sequential path.
+        path: the label of the path they run: :data:`OP` (the op as configured), an
+            alternate setting of it (``Userbuffers.alternates``, e.g. ``"pipeline_rs
+            lanes=1"``) or :data:`SEQUENTIAL`.
         reason: one line saying why (the policy, or the measured times).
-        op_ms: the op's time (ms per call, median of the timed calls, max over ranks) when
-            measured.
-        sequential_ms: the sequential path's, likewise.
+        times_ms: each timed path's time (ms per call, median of the timed calls, max over
+            ranks), by label, in the order they were timed; empty when nothing was timed.
     """
 
     key: ShapeKey
-    overlap: bool
+    path: str
     reason: str
-    op_ms: float | None = None
-    sequential_ms: float | None = None
+    times_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def overlap(self) -> bool:
+        """Whether the calls run an overlap op (the configured one or an alternate)."""
+        return self.path != SEQUENTIAL
+
+    @property
+    def op_ms(self) -> float | None:
+        """The configured op's measured time (None: not timed)."""
+        return self.times_ms.get(OP)
+
+    @property
+    def sequential_ms(self) -> float | None:
+        """The sequential path's measured time (None: not timed)."""
+        return self.times_ms.get(SEQUENTIAL)
 
 
 class ShapePlans:
@@ -156,23 +180,25 @@ class ShapePlans:
     def choose(
         self,
         key: ShapeKey,
-        run_op: Callable[[], Any],
-        run_sequential: Callable[[], Any],
+        paths: Mapping[str, Callable[[], Any]],
         reduce_max: Callable[[list[float]], list[float]],
         *,
         cuda: bool,
         barrier: Callable[[], Any] | None = None,
-    ) -> bool:
-        """Whether the call of shape ``key`` runs the op (True) or the sequential path.
+    ) -> str:
+        """The label of the path that the call of shape ``key`` runs.
 
-        The first call of a shape under ``MEASURED`` runs both paths ``UNTIMED_CALLS +
-        timed_calls`` times each (COLLECTIVE over the TP group: every rank must meet the same
-        shapes in the same order, as it must call the same ops) and keeps the plan; later calls
-        are one dict lookup.
+        The first call of a shape under ``MEASURED`` runs every path ``UNTIMED_CALLS +
+        timed_calls`` times (COLLECTIVE over the TP group: every rank must meet the same
+        shapes, with the same paths, in the same order, as it must call the same ops) and
+        keeps the fastest (a tie goes to the earlier path); later calls are one dict lookup.
+        Under ``ALWAYS``, and for a shape first met inside a CUDA graph capture, the plan is
+        :data:`OP` and nothing runs.
 
         Args:
             key: the call's shape.
-            run_op, run_sequential: one call of each path (their results are dropped).
+            paths: one call of each path by label (results dropped): :data:`OP` first, then
+                any alternate settings of the op, then :data:`SEQUENTIAL`.
             reduce_max: the element-wise maximum of a list of floats over the TP group (also
                 the barrier that aligns the ranks before each path is timed).
             cuda: the paths run on the current CUDA stream (timed by CUDA events; a capture in
@@ -181,15 +207,20 @@ class ShapePlans:
                 without waiting for it (a device-side barrier): the timed calls queue behind
                 it, so every rank's GPU starts them together (NOTE [shape plans]); None: the
                 ranks are aligned on the host only.
+
+        Raises:
+            ValueError: ``paths`` lacks :data:`OP` or :data:`SEQUENTIAL`.
         """
         plan = self._plans.get(key)
         if plan is not None:
-            return plan.overlap
+            return plan.path
+        if OP not in paths or SEQUENTIAL not in paths:
+            raise ValueError(f"shape plans: the paths must include {OP!r} and {SEQUENTIAL!r}")
         if self.policy is PlanPolicy.ALWAYS:
-            plan = ShapePlan(key, True, "policy always: the overlap op on every shape")
+            plan = ShapePlan(key, OP, "policy always: the overlap op on every shape")
         elif cuda and _capturing():
             plan = ShapePlan(
-                key, True,
+                key, OP,
                 "first met inside a CUDA graph capture, where nothing can be timed: the op "
                 "(run the shape once eagerly before capturing to measure it)",
             )  # fmt: skip
@@ -198,31 +229,27 @@ class ShapePlans:
             def align() -> None:
                 reduce_max([0.0])
 
+            labels = list(paths)
             local = [
-                _median_ms(path, self.timed_calls, cuda, align, barrier)
-                for path in (run_op, run_sequential)
+                _median_ms(paths[label], self.timed_calls, cuda, align, barrier) for label in labels
             ]
-            op_ms, seq_ms = reduce_max(local)
-            overlap = op_ms <= seq_ms
-            verdict = "the op" if overlap else "the sequential path"
+            times = dict(zip(labels, reduce_max(local), strict=True))
+            best = min(labels, key=lambda label: (times[label], labels.index(label)))
+            listed = ", ".join(f"{label} {ms:.3f} ms" for label, ms in times.items())
             plan = ShapePlan(
-                key, overlap,
-                f"measured: op {op_ms:.3f} ms, sequential {seq_ms:.3f} ms (GPU time, median "
-                f"of {self.timed_calls} back to back, max over the TP group): {verdict}",
-                op_ms, seq_ms,
+                key, best,
+                f"measured: {listed} (GPU time, median of {self.timed_calls} back to back, "
+                f"max over the TP group): {best}",
+                times,
             )  # fmt: skip
         self._plans[key] = plan
-        logger.info("shape plan %s: %s (%s)", key.label(), "overlap" if plan.overlap else
-                    "sequential", plan.reason)  # fmt: skip
-        return plan.overlap
+        logger.info("shape plan %s: %s (%s)", key.label(), plan.path, plan.reason)
+        return plan.path
 
     def describe(self) -> list[str]:
         """One line per shape met so far: what it runs and why."""
         head = f"shape plans (policy {self.policy.value}): {len(self._plans)} shapes"
-        return [head] + [
-            f"  {p.key.label()}: {'overlap' if p.overlap else 'sequential'} ({p.reason})"
-            for p in self._plans.values()
-        ]
+        return [head] + [f"  {p.key.label()}: {p.path} ({p.reason})" for p in self._plans.values()]
 
 
 def _capturing() -> bool:

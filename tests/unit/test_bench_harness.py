@@ -259,8 +259,9 @@ def test_default_variant_is_timed_beside_the_best_and_counted_apart() -> None:
 
 
 def test_planned_column_is_the_path_the_shape_plan_picked() -> None:
-    """NOTE [planned column]: T_planned is T_default where the row's plan kept the op, T_seq
-    where it picked the sequential path, and absent without a plan or a default time."""
+    """NOTE [planned column]: T_planned is T_default where the row's plan kept the op, the
+    variant of an alternate setting where it picked one, T_seq where it picked the sequential
+    path, and absent without a plan or a default time."""
     rng = random.Random()
     op = report.add_metrics(
         _random_row(rng, default_variant="v1", plan={"overlap": True, "op_ms": 1.0,
@@ -275,7 +276,13 @@ def test_planned_column_is_the_path_the_shape_plan_picked() -> None:
         _random_row(rng, default_variant="not timed", plan={"overlap": True, "op_ms": 1.0,
                                                             "sequential_ms": 2.0})
     )  # fmt: skip
+    alternate = report.add_metrics(
+        _random_row(rng, default_variant="v1", plan={"path": "lanes=1", "variant": "v2",
+                                                     "overlap": True, "op_ms": 2.0,
+                                                     "sequential_ms": 2.0})
+    )  # fmt: skip
     assert op["T_planned"] == op["T_default"] and seq["T_planned"] == seq["T_seq"]
+    assert alternate["T_planned"] == alternate["T_ours_by_variant"]["v2"]  # NOTE [plan alternates]
     assert seq["planned_over_floor"] == pytest.approx(seq["T_seq"] / seq["floor"])
     assert none["T_planned"] is untimed["T_planned"] is None
     s = report.summarize([op, seq, none, untimed])

@@ -38,6 +38,16 @@ def test_every_suite_row_has_a_registered_default_variant(tp: int) -> None:
     assert methods.ub_default_variant("ag_gemm", "proj", tp) is None
     with pytest.raises(ValueError, match="unknown op"):
         methods.ub_gemm_name("gemm", "fc1")
+    # NOTE [plan alternates]: the variants a planned row may pick besides the default
+    other = 2 if tp == 2 else 1
+    assert methods.ub_alternate_variants("ag_gemm", "fc1", tp) == {
+        f"ring_ag lanes={other} pieces=1 staggered": f"pipeline/lanes{other}-split1-staggered"
+    }
+    rs_alternates = set(methods.ub_alternate_variants("gemm_rs", "proj", tp).values())
+    want = {"pipeline/lanes2-split1"}
+    want.add("pipeline/lanes1-split1" if tp == 2 else "ring/lanes1-subchunks2-pull")
+    assert rs_alternates == want and rs not in rs_alternates
+    assert methods.ub_alternate_variants("bulk_rs", "qkv", tp) == {}
 
 
 def test_registry_names_selection_and_a_new_method() -> None:

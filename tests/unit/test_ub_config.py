@@ -38,6 +38,7 @@ from overlap.ub import (  # noqa: E402
     destroy_ub,
     get_ub,
     initialize_ub,
+    plan_label,
 )
 from overlap.ub.handle import place_windows  # noqa: E402
 from tests.unit.test_buffers import Solo  # noqa: E402
@@ -518,6 +519,65 @@ def test_ring_rs_shares_the_gemm_rs_buffer() -> None:
         UbConfig(8, 4, gemms={"qkv_fprop": GemmOverlapConfig(M.RING_RS)})
     with pytest.raises(ConfigError, match=r"ring_subchunks: 5 is not an int in 1\.\.4"):
         GemmOverlapConfig(M.RING_RS, ring_subchunks=5)
+
+
+def test_plan_alternates_vary_only_what_the_user_left_to_the_defaults() -> None:
+    """NOTE [plan alternates]: the AG+GEMMs' other lane count; the GEMM+RS's other method and
+    the pipelined one's lanes; nothing for the bulk methods, NONE or per-method entries."""
+    four = UbConfig(8, 4, tp=4)
+    assert four.alternates("qkv_fprop") == (RingAgConfig(compute_lanes=1),)
+    pulled_ring = RingRsConfig(pull_shards=True)
+    assert four.alternates("proj_fprop") == (PipelineRsConfig(compute_lanes=2), pulled_ring)
+    assert [plan_label(c) for c in four.alternates("proj_fprop")] == [
+        "pipeline_rs lanes=2 pieces=1 max_blocks=0",
+        "ring_rs lanes=1 subchunks=2 pull",
+    ]
+    assert all(four.alternates(n) == () for n in ("qkv_dgrad", "fc1_wgrad", "fc2_wgrad"))
+    two = UbConfig(8, 4, tp=2)  # the pulled ring by default (NOTE [ub tp 2])
+    assert two.alternates("proj_fprop") == (PipelineRsConfig(), PipelineRsConfig(compute_lanes=2))
+    assert two.alternates("fc2_dgrad") == (RingAgConfig(compute_lanes=2, keep_gathered=True),)
+    given = {
+        "qkv_fprop": GemmOverlapConfig(compute_lanes=1),
+        "fc1_fprop": RingAgConfig(),
+        "proj_dgrad": GemmOverlapConfig(pull_shards=True),
+        "proj_fprop": GemmOverlapConfig(M.PIPELINE_RS),
+        "fc2_fprop": GemmOverlapConfig(M.RING_RS, pull_shards=False),
+        "fc2_dgrad": GemmOverlapConfig(fp8=True),
+    }
+    cfg = UbConfig(8, 4, tp=4, gemms=given)
+    assert all(cfg.alternates(n) == () for n in ("qkv_fprop", "fc1_fprop", "proj_dgrad"))
+    assert cfg.alternates("proj_fprop") == (PipelineRsConfig(compute_lanes=2),)
+    assert cfg.alternates("fc2_fprop") == ()  # the ring, its pulls and lanes all given
+    fp8_lanes1 = RingAgConfig(compute_lanes=1, keep_gathered=True, fp8=True)
+    assert cfg.alternates("fc2_dgrad") == (fp8_lanes1,)
+    # A config made for any TP size remembers which methods were given.
+    assert UbConfig(8, 4).for_tp(4).alternates("proj_fprop") == four.alternates("proj_fprop")
+    pipelined = UbConfig(8, 4, gemms={"proj_fprop": GemmOverlapConfig(M.PIPELINE_RS)})
+    assert pipelined.for_tp(4).alternates("proj_fprop") == (PipelineRsConfig(compute_lanes=2),)
+    with pytest.raises(ConfigError, match="unknown GEMM name"):
+        four.alternates("qkv")
+
+
+def test_alternate_ops_share_their_names_window_and_compute_the_same() -> None:
+    with init(shape=(64, 32), register=False) as ub:
+        proj = ub.get("proj_fprop")
+        alternates = ub.alternates("proj_fprop")
+        want = [plan_label(c) for c in ub.config.for_tp(1).alternates("proj_fprop")]
+        assert list(alternates) == want and len(want) == 2
+        assert ub.alternates("proj_fprop") is alternates  # built once
+        methods = [op.method for op in alternates.values()]
+        assert methods == [RsMethod.PIPELINED, RsMethod.RING]
+        x, w = rand(64, 24, seed=3), rand(32, 24, seed=4)
+        ref = gemm(x, w, transb=True)
+        for op in (proj, *alternates.values()):
+            assert op.buffer is proj.buffer and torch.equal(op(x, w), ref)
+        (qkv,) = ub.alternates("qkv_fprop").values()
+        assert qkv.buffer is ub.get("qkv_fprop").buffer and qkv.compute_lanes == 1
+        assert ub.alternates("qkv_dgrad") == {}
+        with pytest.raises(ConfigError, match="not overlapped"):
+            ub.alternates("fc2_wgrad")
+    with pytest.raises(StateError, match="after destroy"):
+        ub.alternates("proj_fprop")
 
 
 def test_use_fp8_applies_to_every_gemm_without_an_entry() -> None:

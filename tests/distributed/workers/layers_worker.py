@@ -21,6 +21,7 @@ Scenarios:
 from __future__ import annotations
 
 import copy
+import functools
 import pickle
 import sys
 import time
@@ -309,19 +310,23 @@ def plans(tp: Any, gen: torch.Generator) -> None:
     """NOTE [shape plans]: under the "measured" policy each overlapped step's GEMM shape (the
     forward AG+GEMM and GEMM+RS, the row-parallel dgrad's AG+GEMM, the column backward's bulk
     pair) is timed once
-    (the op and the sequential path, max over the group) and runs the faster path from then
-    on. The times are made up per rank here (the paths still run), so that the group maximum,
-    not a rank's own time, must decide: one rank alone finds the op slow. Every rank takes the
-    same path (no hang), the layers compute what the reference does either way, and
-    describe() lists each shape's decision."""
+    (the op, its alternate settings and the sequential path, max over the group) and runs the
+    fastest path from then on. The times are made up per rank here (the paths still run), so
+    that the group maximum, not a rank's own time, must decide: one rank alone finds the op
+    slow; or an alternate setting wins. Every rank takes the same path (no hang), the layers
+    compute what the reference does whichever runs, and describe() lists each decision."""
     import torch.distributed as dist
 
     import overlap.ub.plans as plans_mod
 
     tokens = 4 * tp.size
     real = plans_mod._median_ms
-    for slow_rank_op in (False, True):
+    # "op": every path of an op times 1 and sequential 5; "sequential": the last rank alone
+    # finds every op path slow (9); "alternate": the op's alternate settings (NOTE [plan
+    # alternates]) time 0.5, so the first of them wins where a step has any.
+    for mode in ("op", "sequential", "alternate"):
         calls = []
+        state: dict[str, Any] = {}
 
         def fake(
             fn: Any,
@@ -330,8 +335,9 @@ def plans(tp: Any, gen: torch.Generator) -> None:
             align: Any,
             barrier: Any,
             *,
-            slow: bool = slow_rank_op,
+            mode: str = mode,
             calls: list = calls,
+            state: dict = state,
         ) -> float:
             fn()  # the path really runs (an extra call of each op must be harmless)
             align()  # and the ranks meet
@@ -339,42 +345,55 @@ def plans(tp: Any, gen: torch.Generator) -> None:
                 assert barrier is not None, "the layers pass no device-side barrier"
                 barrier()  # a collective of the group, queued on the stream
             calls.append(fn)
-            op_call = len(calls) % 2 == 1  # choose() times the op first, then the sequential
-            if op_call:
-                return 9.0 if (slow and tp.rank == tp.size - 1) else 1.0
-            return 5.0
+            # The layers pass an op (configured or alternate) as a partial of its call, the
+            # sequential path as a plain function.
+            if not isinstance(fn, functools.partial):
+                return 5.0
+            if mode == "sequential":
+                return 9.0 if tp.rank == tp.size - 1 else 1.0
+            configured = any(fn.args[0] is state["ub"].get(n) for n in state["names"])
+            return 0.5 if (mode == "alternate" and not configured) else 1.0
 
         plans_mod._median_ms = fake
         try:
             ub = make_ub(tp, tokens, torch.float32, shape_plans="measured")
+            names = ["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad"]
+            state.update(ub=ub, names=names)
             for name in ("column", "row"):
                 kind = KINDS[name]
                 layer = kind.build(tp_group=tp.group, ub=ub, device=DEVICE)
                 check_module(kind, layer, tp, tokens=tokens, dtype=torch.float32, gen=gen,
-                             what=f"plans slow_rank_op={slow_rank_op}")  # fmt: skip
+                             what=f"plans {mode}")  # fmt: skip
                 layer.zero_grad(set_to_none=True)
                 check_module(kind, layer, tp, tokens=tokens, dtype=torch.float32, gen=gen,
-                             what=f"plans again slow_rank_op={slow_rank_op}")  # fmt: skip
+                             what=f"plans again {mode}")  # fmt: skip
             made = ub.plans.plans()
-            names = ["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad"]
             assert [p.key.name for p in made] == names, made
-            assert all(p.overlap is (not slow_rank_op) for p in made), made
+            for p in made:
+                alternates = list(ub.alternates(p.key.name))
+                want = {"op": "op", "sequential": "sequential"}.get(mode)
+                want = want or (alternates[0] if alternates else "op")
+                assert p.path == want, (p, alternates)
+            assert any(p.path not in ("op", "sequential") for p in made) is (mode == "alternate")
             decisions = [None] * tp.size
-            dist.all_gather_object(decisions, [(p.key, p.overlap) for p in made], group=tp.group)
+            dist.all_gather_object(decisions, [(p.key, p.path) for p in made], group=tp.group)
             assert all(d == decisions[0] for d in decisions), decisions
             text = ub.describe()
             assert "shape plans (policy measured): 5 shapes" in text, text
-            assert ("sequential (measured" in text) is slow_rank_op, text
-            assert len(calls) == 10, len(calls)  # each shape timed once: 5 shapes x 2 paths
+            assert ("sequential (measured" in text) is (mode == "sequential"), text
+            # Each shape timed once: its op, the op's alternate settings and sequential.
+            paths = sum(2 + len(ub.alternates(n)) for n in names)
+            assert paths > 10 and len(calls) == paths, (len(calls), paths)
             ub.destroy()
             # Every combination of the switches (the bulk pair, GEMM+RS dgrad, main_grad) with
             # each step planned the same way: still what ub=None computes.
             SHAPE_PLANS["policy"] = "measured"
             try:
+                state["names"] = []  # the switches' handles: every path times the same
                 switches(tp, gen)
             finally:
                 SHAPE_PLANS["policy"] = "always"
-            assert len(calls) > 10, "switches under measured plans timed nothing"
+            assert len(calls) > paths, "switches under measured plans timed nothing"
         finally:
             plans_mod._median_ms = real
 
