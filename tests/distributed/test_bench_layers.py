@@ -102,7 +102,7 @@ def test_ub_memory_benchmark_on_host() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("tp=2 ")]
     assert len(rows) == 4, done.stdout[-3000:]
-    # TP 2 (NOTE [userbuffer memory]): BF16 1.5 S, FP8 S, with S = T * H * 2.
-    assert sum("0.75 x 2*T*H*2" in r for r in rows) == 2, rows
-    assert sum("0.50 x 2*T*H*2" in r for r in rows) == 2, rows
+    # TP 2 (NOTE [userbuffer memory]): 1.5 S, BF16 and FP8 (the pipelined GEMM+RS a plan may
+    # run instead of the ring, NOTE [plan alternates]), with S = T * H * 2.
+    assert sum("0.75 x 2*T*H*2" in r for r in rows) == 4, rows
     assert "window #2: bulk_rs" in done.stdout and "total: " in done.stdout

@@ -64,7 +64,15 @@ def _check_rows(rows: list[dict], variants: set[str], errors: set[str] = frozens
             plan = r["plan"]
             assert isinstance(plan["overlap"], bool), plan
             assert plan["op_ms"] > 0 and plan["sequential_ms"] > 0, plan
-            assert r["T_planned"] == (r["T_default"] if plan["overlap"] else r["T_seq"])
+            # NOTE [plan alternates]: the default or a built alternate's variant, or T_seq
+            paths = {"op": r["default_variant"]}
+            paths |= {
+                k: v for k, v in r["alternate_variants"].items() if v in r["T_ours_by_variant"]
+            }
+            assert set(plan["times_ms"]) == {*paths, "sequential"}, (plan, paths)
+            assert plan["variant"] == paths.get(plan["path"]), plan
+            ran = r["T_ours_by_variant"].get(plan["variant"])
+            assert r["T_planned"] == (ran if plan["overlap"] else r["T_seq"])
         else:
             assert r["plan"] is None and r["T_planned"] is None
         # host transport: no torch async-TP (n/a with the reason), no TE reference
