@@ -509,17 +509,22 @@ class UbConfig:
         return cls(tokens=tokens, hidden=hidden, gemms=gemms, **kwargs)
 
 
-# NOTE [plan alternates]: one setting of an op does not win on every shape (the broad suite,
-# 4xH200 TP 4: two compute lanes were the fastest AG+GEMM setting on 80 of 112 rows and one lane
-# on 32; the pipelined GEMM+RS with one lane on 62, the pulled ring on 32, two lanes on 18), so a
-# measured plan (NOTE [shape plans]) times, beside the op as configured and the sequential path,
-# the settings below, and each shape runs the fastest. They vary only what the user left to the
-# defaults: an AG+GEMM's compute lanes (1 or 2; pushes only: pulls have their own schedule), a
-# GEMM+RS's method (pipelined or the pulled ring, the core's other settings) and, for the
-# pipelined one, its lanes (1 or 2). Every alternate fits the op's window: the lanes do not size
-# a buffer, and a GEMM+RS window is sized for the larger of its two methods (NOTE [gemm_rs_ring
-# layout]). Verdict: measure a few settings per shape, never a grid (each costs a few calls at
-# a shape's first call). Measured: docs/performance-log.md [plan alternates].
+# NOTE [plan alternates]: one setting of an op does not win on every shape (the broad suite, 4xH200
+# TP 4: two compute lanes were the fastest AG+GEMM setting on 80 of 112 rows and one lane on 32; the
+# pipelined GEMM+RS with one lane on 62, the pulled ring on 32, two lanes on 18), so a measured plan
+# (NOTE [shape plans]) times, beside the op as configured and the sequential path, the settings
+# below, and each shape runs the fastest. They vary only what the user left to the defaults: an
+# AG+GEMM's compute lanes (1 or 2; pushes only: pulls have their own schedule); a GEMM+RS's method
+# (the other one at its defaults: the ring with pulls, or the pipelined method with the TP size's
+# lanes) and, where the pipelined method is the configured one, its lanes (1 or 2). Not the
+# pipelined method's second lane where it is the alternate (TP 2, where the ring is the default):
+# there it won few rows and its time varied most (two lanes over one, TP 2, two runs of the broad
+# suite and one of the full suite: median 1.04-1.11, 90th percentile 1.22-1.31, faster by 2% on 13
+# of 236 rows), so the plan picked it on near-ties and lost up to 15% against the ring. Every
+# alternate fits the op's window: the lanes do not size a buffer, and a GEMM+RS window is sized for
+# the largest of its op and alternates (NOTE [userbuffer memory]). Verdict: measure a few settings
+# per shape, never a grid (each costs a few calls at a shape's first call). Measured:
+# docs/performance-log.md [plan alternates].
 ALTERNATE_LANES = (1, 2)
 
 
@@ -541,9 +546,11 @@ def _alternates(
             if method is OverlapMethod.RING_RS:
                 pulls = True if g.pull_shards is None else g.pull_shards
                 found.append(g.resolve(method, tp, pull_shards=pulls))
-            else:
+            elif method is cfg.method:  # the pipelined method configured: its lane counts
                 base = g.resolve(method, tp)
                 found += [dataclasses.replace(base, compute_lanes=n) for n in lanes]
+            else:  # the other method: at its defaults
+                found.append(g.resolve(method, tp))
     unique: list[MethodConfig] = []
     for alt in found:
         if alt != cfg and alt not in unique:
