@@ -177,6 +177,12 @@ class ShapePlans:
         """Every plan made so far, in the order their shapes were first met."""
         return list(self._plans.values())
 
+    def planned(self, key: ShapeKey) -> str | None:
+        """The label of the path shape ``key`` runs, or None before its first call (one dict
+        lookup: what every later call of the shape costs)."""
+        plan = self._plans.get(key)
+        return None if plan is None else plan.path
+
     def choose(
         self,
         key: ShapeKey,

@@ -58,13 +58,14 @@ def test_measured_keeps_the_faster_path_and_times_each_shape_once(op_ms, seq_ms,
     n = UNTIMED_CALLS + 3  # the untimed calls and three timed, each path
     assert (op.calls, seq.calls) == (n, n)
     assert plans.choose(KEY, _paths(op, seq), _same, cuda=False) == path  # a lookup now
-    assert (op.calls, seq.calls) == (n, n)
+    assert (op.calls, seq.calls) == (n, n) and plans.planned(KEY) == path
     (plan,) = plans.plans()
     assert plan.overlap is overlap and plan.path == path
     assert plan.op_ms is not None and plan.sequential_ms is not None
     assert (plan.op_ms < plan.sequential_ms) is overlap
     assert "measured" in plan.reason and plan.key == KEY
     other = ShapeKey("fc1_fprop", 4096, 8192, 7168, False)  # another M: timed again
+    assert plans.planned(other) is None
     plans.choose(other, _paths(op, seq), _same, cuda=False)
     assert op.calls == 2 * n and len(plans) == 2
 
