@@ -358,8 +358,9 @@ class Userbuffers:
         """A table of every GEMM name's method, window and settings (the per-method config's
         ``settings``), then the buffer, its windows (byte ranges: windows of different kinds
         share bytes, NOTE [userbuffer memory]), the total bytes per rank against
-        ``2 * T * H * itemsize``, and the shape plans made so far (what each GEMM shape the
-        layers called runs, and why: NOTE [shape plans])."""
+        ``2 * T * H * itemsize``, each name's alternate settings (NOTE [plan alternates]) and
+        the shape plans made so far (what each GEMM shape the layers called runs, and why: NOTE
+        [shape plans])."""
         window_of = {n: i for i, u in enumerate(self._uses) for n in u.names}
         lines = [
             f"userbuffers: tp={self.tp} tokens={self.config.tokens} hidden={self.config.hidden} "
@@ -392,6 +393,10 @@ class Userbuffers:
             f"total: {self.total_bytes} bytes per rank ({self.total_bytes / bound:.2f} x "
             f"2*T*H*{bound // (2 * self.config.tokens * self.config.hidden)} = {bound})"
         )
+        config = self.config.for_tp(self.tp)
+        alternates = {n: [plan_label(c) for c in config.alternates(n)] for n in self._ops}
+        lines.append("alternate settings a measured shape plan times besides each op:")
+        lines += [f"  {n}: {'; '.join(labels)}" for n, labels in alternates.items() if labels]
         lines += self.plans.describe()
         return "\n".join(lines)
 

@@ -574,6 +574,8 @@ def test_alternate_ops_share_their_names_window_and_compute_the_same() -> None:
         (qkv,) = ub.alternates("qkv_fprop").values()
         assert qkv.buffer is ub.get("qkv_fprop").buffer and qkv.compute_lanes == 1
         assert ub.alternates("qkv_dgrad") == {}
+        text = ub.describe()
+        assert f"  proj_fprop: {'; '.join(want)}" in text and "  qkv_dgrad:" not in text
         with pytest.raises(ConfigError, match="not overlapped"):
             ub.alternates("fc2_wgrad")
     with pytest.raises(StateError, match="after destroy"):
