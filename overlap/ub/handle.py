@@ -236,7 +236,8 @@ class Userbuffers:
             raise
         # A config made for any TP size (tp None) gets this group's TP-dependent defaults
         # (NOTE [ub tp 2], NOTE [bulk_rs defaults]); its methods stay as it chose them.
-        self._gemms: Mapping[str, MethodConfig] = config.for_tp(self.tp).gemms
+        self._resolved = config.for_tp(self.tp)  # its gemms and alternates, resolved once
+        self._gemms: Mapping[str, MethodConfig] = self._resolved.gemms
         self._ops: dict[str, UbOp] = {}
         self._windows: dict[str, tuple[SymmetricBuffer, torch.dtype]] = {}
         self._alternates: dict[str, dict[str, UbOp]] = {}  # NOTE [plan alternates]
@@ -350,7 +351,7 @@ class Userbuffers:
         if name not in self._alternates:
             self._alternates[name] = {
                 plan_label(cfg): self._make_op(name, cfg, *self._windows[name])
-                for cfg in self.config.for_tp(self.tp).alternates(name)
+                for cfg in self._resolved.alternates(name)
             }
         return self._alternates[name]
 
@@ -393,8 +394,7 @@ class Userbuffers:
             f"total: {self.total_bytes} bytes per rank ({self.total_bytes / bound:.2f} x "
             f"2*T*H*{bound // (2 * self.config.tokens * self.config.hidden)} = {bound})"
         )
-        config = self.config.for_tp(self.tp)
-        alternates = {n: [plan_label(c) for c in config.alternates(n)] for n in self._ops}
+        alternates = {n: [plan_label(c) for c in self._resolved.alternates(n)] for n in self._ops}
         lines.append("alternate settings a measured shape plan times besides each op:")
         lines += [f"  {n}: {'; '.join(labels)}" for n, labels in alternates.items() if labels]
         lines += self.plans.describe()
