@@ -346,6 +346,34 @@ def _ag_pull(case: Case, *, lanes: int, pieces: int = 1) -> Runner:
 register("ag_gemm", "pull", _ag_pull, grid(lanes=(1, 2)))
 # Pieces: the last chunk's GEMM, which follows the last pull, is then half as long.
 register("ag_gemm", "pull", _ag_pull, grid(lanes=(1, 2), pieces=(2,)))
+
+
+def _ag_fused(case: Case, *, pieces: int = 1) -> Runner:
+    """:class:`~overlap.ops.AllGatherGemm` with ``fused_gemm`` (NOTE [fused ag_gemm]): the pulls
+    and ONE waiting GEMM (its own op object: the setting is the op's)."""
+    op = case.keep(
+        ("ag_fused",),
+        lambda: AllGatherGemm(
+            case.comm, case.m, case.k, case.input_dtype, pull_shards=True, fused_gemm=True
+        ),
+    )
+
+    def run() -> object:
+        op.pieces = pieces
+        return op(case.a, case.w, out=case.out)
+
+    return run
+
+
+def _fused_runs(case: Case, kwargs: Mapping[str, Any]) -> bool:
+    """The waiting GEMM multiplies bfloat16 (NOTE [waiting gemm]); on cuda, builds with it."""
+    from overlap._native import native
+
+    built = not case.cuda or bool(native().gemm.waiting_gemm_built())
+    return not case.fp8 and built
+
+
+register("ag_gemm", "fused", _ag_fused, grid(pieces=(1, 2)), when=_fused_runs)
 register("gemm_rs", "pipeline", _rs_pipeline, grid(lanes=(1, 2), split=(1, 2)), when=_cuda_setting)
 # Pieces (NOTE [gemm_rs pieces]) for the comm-bound shapes: two, whose reductions run beside
 # the GEMMs of the second round (4 pieces, and a bounded reduction grid, measured slower on
@@ -485,7 +513,9 @@ def _default_kwargs(op: str, cfg: MethodConfig) -> tuple[str, dict[str, Any]] | 
     if not builders_express[m]:
         return None
     lanes = getattr(cfg, "compute_lanes", None)
-    if m is OverlapMethod.RING_AG and cfg.pull_shards:  # type: ignore[union-attr]
+    if m is OverlapMethod.RING_AG and cfg.fused_gemm:  # type: ignore[union-attr]
+        found = "fused", {"pieces": piece_count}
+    elif m is OverlapMethod.RING_AG and cfg.pull_shards:  # type: ignore[union-attr]
         found = "pull", {"lanes": lanes, **pieces}
     elif m is OverlapMethod.RING_AG:
         staggered = cfg.staggered_puts  # type: ignore[union-attr]

@@ -102,6 +102,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "pip package, then the CUDA toolkit.",
     ),
     EnvVar(
+        "OVERLAP_CUTLASS_DIR",
+        "path",
+        "(search)",
+        Scope.BUILD,
+        "Directory with CUTLASS's include/ and tools/util/include/ (the waiting GEMM of the "
+        "fused AG+GEMM); default: the nvidia-cutlass pip package; not found: built without it.",
+    ),
+    EnvVar(
         "OVERLAP_TEST_NP_TIMEOUT_S",
         "float",
         "180",

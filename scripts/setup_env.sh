@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set-up from a fresh Debian machine (run as root), idempotent and quick when already done:
 #   1. Debian packages: Python venv/headers, a C++ compiler, OpenMPI (mpirun), clang-format;
-#   2. a virtual environment in .venv with scripts/requirements-dev.txt;
+#   2. a virtual environment in .venv with scripts/requirements-dev.txt (and, without their
+#      dependencies, scripts/requirements-nodeps.txt);
 #   3. the editable build of overlap (compiles the CUDA sources when nvcc is on PATH).
 # Prints the build summary last. Sourced by scripts/test.sh and scripts/bench.sh.
 set -euo pipefail
@@ -36,11 +37,12 @@ fi
 source "$VENV/bin/activate"
 
 stamp="$VENV/.overlap-requirements.sha256"
-want="$(sha256sum "$ROOT/scripts/requirements-dev.txt" | cut -d' ' -f1)"
+want="$(cat "$ROOT/scripts/requirements-dev.txt" "$ROOT/scripts/requirements-nodeps.txt" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] pip install -r scripts/requirements-dev.txt"
   python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   python -m pip install -q -r "$ROOT/scripts/requirements-dev.txt" 2>&1 | grep -v '^WARNING: Location' || true
+  python -m pip install -q --no-deps -r "$ROOT/scripts/requirements-nodeps.txt" 2>&1 | grep -v '^WARNING: Location' || true
   python -c 'import torch, mpi4py, pybind11, scikit_build_core' # fail loudly if anything is missing
   echo "$want" >"$stamp"
 fi

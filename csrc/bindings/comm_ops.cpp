@@ -157,6 +157,7 @@ void register_tuning(py::module_& c) {
       .field("pull_shards", &comm::AgGemmConfig::pull_shards, "the peers pull the shard")
       .field("pieces", &comm::AgGemmConfig::pieces, "pieces of each peer's shard")
       .field("keep_gathered", &comm::AgGemmConfig::keep_gathered, "the buffer keeps it whole")
+      .field("fused_gemm", &comm::AgGemmConfig::fused_gemm, "one waiting GEMM (pulls only)")
       .done();
   ConfigClass<comm::GemmRsConfig>(c, "GemmRsConfig", "Tuning of gemm_rs (overlap_ops.h).")
       .field("compute_lanes", &comm::GemmRsConfig::compute_lanes, "streams of the chunk GEMMs")
@@ -238,7 +239,7 @@ void register_comm_ops(py::module_& m) {
          bool transb, py::handle a_scale_inv, const py::sequence& b_scale_inv,
          const py::sequence& bias, bool gelu, float alpha, bool fast_accum, int sm_count,
          int compute_lanes, bool staggered_puts, int pieces, bool pull_shards, bool keep_gathered,
-         std::uintptr_t stream) {
+         bool fused_gemm, std::uintptr_t stream) {
         constexpr const char* kOp = "ag_gemm";
         const std::size_t num = py::len(b);
         OVERLAP_CHECK_ARG(
@@ -275,6 +276,7 @@ void register_comm_ops(py::module_& m) {
         c.pull_shards = pull_shards;
         c.pieces = pieces;
         c.keep_gathered = keep_gathered;
+        c.fused_gemm = fused_gemm;
         py::gil_scoped_release release;
         comm::run_op(buf, [&] { comm::ag_gemm(buf, ao, weights, c, stream_from_py(stream)); });
       },
@@ -286,7 +288,8 @@ void register_comm_ops(py::module_& m) {
       py::arg("staggered_puts") = comm::AgGemmConfig{}.staggered_puts,
       py::arg("pieces") = comm::AgGemmConfig{}.pieces,
       py::arg("pull_shards") = comm::AgGemmConfig{}.pull_shards,
-      py::arg("keep_gathered") = comm::AgGemmConfig{}.keep_gathered, py::arg("stream") = 0,
+      py::arg("keep_gathered") = comm::AgGemmConfig{}.keep_gathered,
+      py::arg("fused_gemm") = comm::AgGemmConfig{}.fused_gemm, py::arg("stream") = 0,
       "out[w] = AllGather(a) @ op(b[w]) for every weight w, one gather (b, out, b_scale_inv, "
       "bias: lists of one entry per weight); see csrc/comm/overlap/overlap_ops.h.");
   c.def(

@@ -137,6 +137,8 @@ void register_gemm(py::module_& m) {
       },
       py::arg("device"), "Algorithm-cache counters of a device: hits, misses, entries, tuned.");
   g.def("clear_cache", &gemm::gemm_clear_cache, "Drop every cached cuBLASLt algorithm.");
+  g.def("waiting_gemm_built", &gemm::waiting_gemm_built,
+        "Whether this build holds the waiting grouped GEMM (NOTE [waiting gemm]; CUTLASS).");
   g.def(
       "release_resources",
       [] {

@@ -265,6 +265,14 @@ std::uint64_t* SymmetricBuffer::flag(int owner, int src, FlagSlot slot) const {
   return flags + src * kNumSlots + static_cast<int>(slot);
 }
 
+std::uint64_t* SymmetricBuffer::local_flag(int index) const {
+  if (root_) return root_->local_flag(index);
+  constexpr int kCount = static_cast<int>(kLocalFlagBytes / sizeof(std::uint64_t));
+  OVERLAP_CHECK(index >= 0 && index < kCount && local_, kInternal,
+                "local flag " << index << " of a buffer with " << kCount << " (or no region)");
+  return local_->local_flags() + index;
+}
+
 bool SymmetricBuffer::owns_flag(const void* p) const {
   if (root_) return root_->owns_flag(p);
   const auto* c = static_cast<const char*>(p);

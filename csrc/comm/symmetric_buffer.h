@@ -148,6 +148,9 @@ class SymmetricBuffer : public std::enable_shared_from_this<SymmetricBuffer> {
   // Shares ownership of `peer`'s memory (NOTE [views outlive destroy]).
   std::shared_ptr<const void> keep_alive(int peer) const;
   std::uint64_t* flag(int owner, int src, FlagSlot slot) const;  // in `owner`'s, written by `src`
+  // Local flag `index` of this rank's region (NOTE [local flags] in comm/transport.h): written
+  // and read by this rank only; a window's are its root's.
+  std::uint64_t* local_flag(int index) const;
 
   // Throws kState unless the buffer is ready for ops; `op` names the caller.
   void check_ready(const char* op) const;

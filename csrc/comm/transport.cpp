@@ -139,4 +139,17 @@ void Transport::handshake(const Handshake& h, cudaStream_t stream, int lane) {
   for (const WordCopy& c : h.after) put(c.dst, c.src, kWord, stream, lane);
 }
 
+void Transport::waiting_gemm(const std::vector<gemm::WaitingGemmGroup>& groups,
+                             const std::vector<WaitContext>& ctxs, const gemm::GemmOptions& options,
+                             cudaStream_t stream, int lane) {
+  OVERLAP_CHECK(
+      ctxs.size() == groups.size(), kInternal,
+      "waiting_gemm: " << groups.size() << " groups but " << ctxs.size() << " wait contexts");
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const gemm::WaitingGemmGroup& g = groups[i];
+    if (g.flag != nullptr) wait(g.flag, g.value, ctxs[i], stream, lane);
+    gemm(g.a, g.b, g.d, options, stream, lane);
+  }
+}
+
 }  // namespace overlap::comm

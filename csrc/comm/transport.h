@@ -85,6 +85,16 @@ std::string describe_timeout(const WaitContext& ctx, std::uint64_t seen, std::ui
 // A wait satisfied only by a failed peer's poison (NOTE [poisoned flags]).
 std::string describe_peer_failure(const WaitContext& ctx, std::uint64_t seen, std::uint64_t wanted);
 
+// NOTE [local flags]: besides the flag page its peers write, a region has kLocalFlagBytes of
+// flags that only this rank writes (its own lanes' signals, stream-ordered) and reads (its own
+// kernels and waits), zero-initialised, in the memory its GPU polls fastest: device memory on
+// cuda, plain memory on host. A kernel polling the pinned host flag page from every SM costs
+// PCIe round trips that serialise (the first fused AG+GEMM ran 2-45x its floor;
+// docs/performance-log.md [fused ag_gemm]). No peer maps them and the watchdog cannot read
+// them, so a wait on a local flag must depend on nothing but this rank's own copy-engine work
+// and memops. Verdict: device memory for flags only our own GPU reads.
+constexpr std::size_t kLocalFlagBytes = 4096;
+
 // Memory this rank allocated and can share with peers. Owned; freed by the destructor.
 class LocalRegion {
  public:
@@ -93,7 +103,8 @@ class LocalRegion {
   virtual std::size_t size() const = 0;
   // size(), or more where allocations are rounded up (NOTE [allocation granularity]).
   virtual std::size_t allocated_bytes() const { return size(); }
-  virtual std::uint64_t* flags() const = 0;  // kFlagBytes of flag slots, zero-initialised
+  virtual std::uint64_t* flags() const = 0;        // kFlagBytes of flag slots, zero-initialised
+  virtual std::uint64_t* local_flags() const = 0;  // NOTE [local flags]
   // Opaque bytes that let a peer map this region (exchanged by the bootstrap).
   virtual std::string export_handle() const = 0;
   // Called once every peer has mapped the region (e.g. unlink a shared-memory name).
@@ -147,6 +158,14 @@ class Transport {
                     cudaStream_t stream, int lane) = 0;
   // NOTE [handshakes]: in order on `lane`. The default runs it as put/signal/wait calls.
   virtual void handshake(const Handshake& h, cudaStream_t stream, int lane);
+  // NOTE [waiting gemm] (gemm/gemm.h): group g's GEMM once *flag_g >= value_g (ctxs[g] names
+  // the wait), in order on `lane`; validate with gemm::validate_waiting_gemm before an op
+  // begins. The flags are local flags (NOTE [local flags]) set by this rank's own lanes. The
+  // default waits and multiplies group by group (host: the reference); cuda runs ONE kernel
+  // (not under capture).
+  virtual void waiting_gemm(const std::vector<gemm::WaitingGemmGroup>& groups,
+                            const std::vector<WaitContext>& ctxs, const gemm::GemmOptions& options,
+                            cudaStream_t stream, int lane);
   // out[i] = sum_k in[k][i], fp32 accumulation in input order; bf16/fp16/fp32 inputs.
   virtual void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count,
                       DType dtype, const ReduceOutput& o, cudaStream_t stream, int lane) = 0;

@@ -115,6 +115,45 @@ GemmTarget gemm_target(int device);
 void gemm_host(const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
                const GemmOptions& options);
 
+// ---- the waiting grouped GEMM (NOTE [waiting gemm]) ---------------------------------------
+//
+// NOTE [waiting gemm]: ONE persistent kernel multiplies several groups (each its own A, B and
+// D, one K) and, before it loads any tile of group g's A, waits until *flag_g >= value_g. An
+// all-gather whose shards land by copy engine and announce themselves by flags then needs no
+// GEMM launch, wait or join per shard: the GEMM consumes each shard as it lands, and the only
+// tail left is the last shard's share of the GEMM (design §6.4.1). Groups run in the order
+// given (tiles are handed out group by group), so give them in arrival order. Everything a
+// group's flag stands for must be written by copy engines or memops, never by a kernel queued
+// behind the GEMM: the GEMM holds every SM while it waits.
+// The CUDA kernel is CUTLASS's Hopper pointer-array GEMM with a mainloop that waits
+// (gemm/cuda/waiting_gemm.cu); it exists for sm_90 and a build with CUTLASS's headers. Its
+// rules: bfloat16 A [m, k] (not transposed), B the [n, k] weight (transposed), D bfloat16;
+// alpha any, beta 0, no bias or GELU; k and n multiples of 8, leading dimensions 16-byte
+// multiples. On the host, a group is a wait and then gemm_host (the transport's default).
+struct WaitingGemmGroup {
+  GemmOperand a;
+  GemmOperand b;
+  GemmOutput d;
+  const std::uint64_t* flag = nullptr;  // nullptr: the group waits for nothing
+  std::uint64_t value = 0;
+};
+
+// Whether this build holds the CUDA waiting kernel (CUTLASS's headers were found).
+bool waiting_gemm_built();
+
+// The rules above on any target (so that the host transport refuses what the GPU could not
+// run) and, for GPU targets, sm_90 and a build with the kernel. Throws kInvalidArgument for a
+// wrong call and kUnsupported for a valid one no waiting kernel runs. Never touches memory.
+void validate_waiting_gemm(const std::vector<WaitingGemmGroup>& groups, const GemmOptions& options,
+                           const GemmTarget& target);
+
+#ifdef OVERLAP_WITH_CUDA
+// The kernel on `device`, enqueued on `stream` (arguments staged through the GEMM context's
+// stream-ordered pool; no host synchronisation). Validate first.
+void waiting_gemm_cuda(const std::vector<WaitingGemmGroup>& groups, const GemmOptions& options,
+                       int device, cudaStream_t stream);
+#endif
+
 // ---- algorithm autotuning (NOTE [gemm autotune] in gemm/cuda/autotune.h) ------------------
 
 // How an untuned key picks its algorithm: the fastest of the heuristic's first

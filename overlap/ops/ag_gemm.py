@@ -90,11 +90,19 @@ class AllGatherGemm:
             same value (a collective mismatch otherwise). Same result.
         keep_gathered: the calls' default for their ``keep_gathered`` (whether the whole
             gathered input stays in the buffer for :meth:`gathered_input`).
+        fused_gemm: with ``pull_shards`` only: ONE waiting GEMM kernel multiplies every chunk,
+            each as soon as its pull has landed (NOTE [fused ag_gemm]): no GEMM launch, wait
+            or join per chunk; ``compute_lanes`` does not apply. bfloat16 input, weights and
+            output, ``weight_layout="nk"``, no bias or GELU, one ``alpha``; on CUDA, Hopper
+            and a build with CUTLASS's headers (``native().gemm.waiting_gemm_built()``).
+            Anything else raises :class:`UnsupportedHardwareError` before any communication.
+            Ranks may differ in this setting. Same result up to the GEMM's rounding.
 
         A tuning argument left ``None`` takes the op's default at any TP size, defined in the
         C++ core (``AgGemmConfig`` in ``csrc/comm/overlap/overlap_ops.h``, NOTE [overlap
         defaults]; :func:`~overlap.initialize_ub` takes its TP size's, NOTE [ub tp 2]): 2
-        compute lanes, staggered pushes, one piece, no pulls, the gathered input not kept.
+        compute lanes, staggered pushes, one piece, no pulls, the gathered input not kept, no
+        fused GEMM.
         name: the buffer's name (error messages).
         buffer: optional symmetric buffer of ``comm`` to run on instead of creating one (at
             least :meth:`buffer_bytes` bytes; see NOTE [shared op buffers]).
@@ -130,6 +138,7 @@ class AllGatherGemm:
         pieces: int | None = None,
         pull_shards: bool | None = None,
         keep_gathered: bool | None = None,
+        fused_gemm: bool | None = None,
         name: str = "ag_gemm",
         buffer: SymmetricBuffer | None = None,
     ) -> None:
@@ -154,6 +163,13 @@ class AllGatherGemm:
         self.keep_gathered = check_flag(
             _OP, "keep_gathered", d.keep_gathered if keep_gathered is None else keep_gathered
         )
+        self.fused_gemm = check_flag(
+            _OP, "fused_gemm", d.fused_gemm if fused_gemm is None else fused_gemm
+        )
+        if self.fused_gemm and not self.pull_shards:
+            raise InvalidArgumentError(
+                f"{_OP}: fused_gemm runs on the pulls; set pull_shards=True as well"
+            )
         self.device = op_device(comm)
         nbytes = self.buffer_bytes(tp, self.max_tokens, self.in_features, dtype)
         self._owns_buffer = buffer is None
@@ -300,6 +316,7 @@ class AllGatherGemm:
             pieces=self.pieces,
             pull_shards=self.pull_shards,
             keep_gathered=keep,
+            fused_gemm=self.fused_gemm,
             stream=stream,
         )
         self._calls.note(self.buffer, plan.last_gather, keep or self.pull_shards, self._cuda)

@@ -62,7 +62,7 @@ _INT_KNOBS: dict[str, tuple[int, str | None]] = {
     "reduce_max_blocks": (0, None),
     "gemm_sm_margin": (0, None),
 }
-_BOOL_KNOBS = ("staggered_puts", "pull_shards", "keep_gathered")
+_BOOL_KNOBS = ("staggered_puts", "pull_shards", "keep_gathered", "fused_gemm")
 
 
 def _core_default(core: str | None, knob: str, tp: int | None) -> Any:
@@ -160,13 +160,24 @@ class RingAgConfig(_MethodConfig):
     pull_shards: bool = _core_field("ag_gemm", "pull_shards")
     pieces: int = _core_field("ag_gemm", "pieces")
     keep_gathered: bool = _core_field("ag_gemm", "keep_gathered")
+    fused_gemm: bool = _core_field("ag_gemm", "fused_gemm")
     put_split: int = _core_field(None, "put_split")
     fp8: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fused_gemm and not self.pull_shards:
+            raise ConfigError(
+                "RingAgConfig.fused_gemm: the waiting GEMM runs on the pulls; set "
+                "pull_shards=True as well (NOTE [fused ag_gemm])"
+            )
 
     @property
     def settings(self) -> str:
         order = "pull" if self.pull_shards else "staggered" if self.staggered_puts else "all"
         parts = [f"pieces={self.pieces}", order]
+        if self.fused_gemm:
+            parts.append("fused")
         if self.keep_gathered:
             parts.append("keep_gathered")
         return " ".join(parts)
@@ -313,6 +324,9 @@ class GemmOverlapConfig:
         keep_gathered: ``RING_AG`` only: every call leaves the whole gathered input in the
             buffer for ``gathered_input()`` (a call may still override it). ``None``: the
             name's default (NOTE [ub gathered inputs]).
+        fused_gemm: ``RING_AG`` with ``pull_shards`` only: one waiting GEMM kernel consumes
+            the shards as they land (NOTE [fused ag_gemm]; bfloat16, Hopper, a build with
+            CUTLASS's headers).
 
     A knob left ``None`` takes the core's default for the TP size (``AgGemmConfig``...,
     NOTE [overlap defaults] in ``csrc/comm/overlap/overlap_ops.h``); the resolved values are
@@ -330,6 +344,7 @@ class GemmOverlapConfig:
     ring_subchunks: int | None = None
     pieces: int | None = None
     keep_gathered: bool | None = None
+    fused_gemm: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method is not None and not isinstance(self.method, OverlapMethod):

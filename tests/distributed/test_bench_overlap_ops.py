@@ -126,8 +126,16 @@ def test_quick_default_on_four_host_ranks(tmp_path: Path) -> None:
                     "ring/lanes1-subchunks2-pull", "ring/lanes1-subchunks4-pull",
                     "ring/lanes2-subchunks2-pull", "ring/lanes2-subchunks4-pull"},
     }  # fmt: skip
-    for op, names in on_host.items():
-        _check_rows([r for r in rows if r["op"] == op], names)
+    # The waiting GEMM (NOTE [fused ag_gemm]) multiplies bfloat16 only.
+    fused = {"fused/pieces1", "fused/pieces2"}
+    _check_rows(
+        [r for r in rows if r["op"] == "ag_gemm" and r["dtype"] == "fp8"], on_host["ag_gemm"]
+    )
+    _check_rows(
+        [r for r in rows if r["op"] == "ag_gemm" and r["dtype"] == "bf16"],
+        on_host["ag_gemm"] | fused,
+    )
+    _check_rows([r for r in rows if r["op"] == "gemm_rs"], on_host["gemm_rs"])
     # bulk rows: dgrad's shapes beside the gather (K = hidden / 128, N = QKV / tp / 128)
     (bulk_ag,) = [r for r in rows if r["op"] == "bulk_ag"]
     assert (bulk_ag["M"], bulk_ag["K"], bulk_ag["N"]) == (32, 64, 32)

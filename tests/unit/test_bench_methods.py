@@ -91,8 +91,8 @@ def test_registry_names_selection_and_a_new_method() -> None:
 
 def test_variant_applicability_follows_the_transport() -> None:
     class FakeCase:
-        def __init__(self, op: str, cuda: bool) -> None:
-            self.op, self.cuda = op, cuda
+        def __init__(self, op: str, cuda: bool, fp8: bool = False) -> None:
+            self.op, self.cuda, self.fp8 = op, cuda, fp8
 
     ag = [v for v in methods.registered() if v.op == "ag_gemm"]
     on_host = [v.name for v in ag if v.applies(FakeCase("ag_gemm", cuda=False))]
@@ -101,6 +101,10 @@ def test_variant_applicability_follows_the_transport() -> None:
     assert set(on_host) < set(on_gpu) and all("split" not in n or "split1" in n for n in on_host)
     assert "pull/lanes1" in on_host
     assert not any(v.applies(FakeCase("gemm_rs", cuda=True)) for v in ag)
+    # The waiting GEMM (NOTE [waiting gemm]) multiplies bfloat16 only.
+    assert "fused/pieces1" in on_host
+    fp8 = [v.name for v in ag if v.applies(FakeCase("ag_gemm", cuda=False, fp8=True))]
+    assert fp8 and not any(n.startswith("fused") for n in fp8)
 
 
 def test_bulk_variants_drop_all_at_once_puts_with_one_peer_and_margins_on_host() -> None:

@@ -80,3 +80,25 @@ def test_the_host_cost_probe_compiles(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_fused_ag_probe_compiles(tmp_path: Path) -> None:
+    """benchmarks/native/fused_ag_probe.cu (docs/performance-log.md [fused ag_gemm probe])
+    stays buildable: compiled, not linked, against the CUTLASS headers the build uses."""
+    if not _nvcc_available():
+        pytest.skip("nvcc not on this machine")
+    import importlib.util
+
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("CUTLASS's headers (the nvidia-cutlass package) are not installed")
+    source = Path(next(iter(spec.submodule_search_locations))) / "source"
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    probe = Path(__file__).resolve().parents[2] / "benchmarks" / "native" / "fused_ag_probe.cu"
+    done = subprocess.run(
+        [nvcc, "-std=c++17", "-O1", "-DNDEBUG", "-arch=sm_90a", "--expt-relaxed-constexpr",
+         f"-I{source / 'include'}", f"-I{source / 'tools' / 'util' / 'include'}", "-c",
+         str(probe), "-o", str(tmp_path / "probe.o")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -719,3 +719,17 @@ def test_given_buffer_must_be_large_enough_and_is_not_freed_by_the_op() -> None:
         assert torch.equal(other(x, w), gemm(x, w, transb=True))
     finally:
         comm.destroy()
+
+
+def test_fused_gemm_is_a_ring_ag_knob_on_the_pulls() -> None:
+    """NOTE [fused ag_gemm]: the waiting GEMM runs on the pulls, so a config asking for it
+    without them is refused at construction; resolved, it reaches the op's arguments."""
+    with pytest.raises(ConfigError, match="set pull_shards=True as well"):
+        RingAgConfig(fused_gemm=True)
+    fused = RingAgConfig(pull_shards=True, fused_gemm=True)
+    assert fused.settings == "pieces=1 pull fused"
+    assert fused.op_kwargs()["fused_gemm"] is True and not RingAgConfig().fused_gemm
+    given = GemmOverlapConfig(M.RING_AG, pull_shards=True, fused_gemm=True)
+    assert given.resolve(M.RING_AG, 4) == RingAgConfig.at_tp(4, pull_shards=True, fused_gemm=True)
+    with pytest.raises(ConfigError, match="fused_gemm: 1 must be True or False"):
+        GemmOverlapConfig(fused_gemm=1)  # type: ignore[arg-type]

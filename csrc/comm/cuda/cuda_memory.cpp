@@ -76,6 +76,21 @@ DeviceAllocation::~DeviceAllocation() {
   release_on_device(device_, [this] { OVERLAP_WARN_CUDA(cudaFree(data_)); });
 }
 
+LocalFlagMemory::LocalFlagMemory(int device, std::size_t bytes) : device_(device) {
+  DeviceGuard guard(device);
+  OVERLAP_CHECK_CUDA(cudaMalloc(&data_, bytes));
+  const cudaError_t err = cudaMemset(data_, 0, bytes);  // synchronous: zero before any op
+  if (err != cudaSuccess) {
+    OVERLAP_WARN_CUDA(cudaFree(data_));
+    OVERLAP_CHECK_CUDA(err);
+  }
+}
+
+LocalFlagMemory::~LocalFlagMemory() {
+  if (data_ == nullptr) return;
+  release_on_device(device_, [this] { OVERLAP_WARN_CUDA(cudaFree(data_)); });
+}
+
 std::string DeviceAllocation::export_ipc_handle() const {
   DeviceGuard guard(device_);
   cudaIpcMemHandle_t handle;

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace overlap::comm::cuda {
@@ -36,6 +37,21 @@ class DeviceAllocation {
   int device_;
   std::size_t size_;
   std::size_t allocated_;
+  void* data_ = nullptr;
+};
+
+// NOTE [local flags] (comm/transport.h): a small cudaMalloc'd, zero-initialised block of flags
+// that only this process's GPU reads; not shared, so not rounded up.
+class LocalFlagMemory {
+ public:
+  LocalFlagMemory(int device, std::size_t bytes);
+  ~LocalFlagMemory();
+  LocalFlagMemory(const LocalFlagMemory&) = delete;
+  LocalFlagMemory& operator=(const LocalFlagMemory&) = delete;
+  std::uint64_t* data() const { return static_cast<std::uint64_t*>(data_); }
+
+ private:
+  int device_;
   void* data_ = nullptr;
 };
 

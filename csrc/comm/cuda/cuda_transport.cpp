@@ -62,7 +62,10 @@ class CudaRegion final : public LocalRegion {
  public:
   CudaRegion(int device, std::size_t bytes, const std::string& tag,
              std::shared_ptr<cuda::Watchdog> watchdog)
-      : watchdog_(std::move(watchdog)), memory_(device, bytes), flags_(shm_name(tag)) {}
+      : watchdog_(std::move(watchdog)),
+        memory_(device, bytes),
+        flags_(shm_name(tag)),
+        local_flags_(device, kLocalFlagBytes) {}
 
   ~CudaRegion() override {
     // Ops may still be queued against this memory: wait for the device (the watchdog releases
@@ -80,6 +83,7 @@ class CudaRegion final : public LocalRegion {
   std::uint64_t* flags() const override {
     return static_cast<std::uint64_t*>(flags_.segment.data());
   }
+  std::uint64_t* local_flags() const override { return local_flags_.data(); }
   std::string export_handle() const override {
     std::ostringstream oss;
     oss << kHandlePrefix << ' ' << memory_.size() << ' ' << memory_.export_ipc_handle() << ' '
@@ -92,6 +96,7 @@ class CudaRegion final : public LocalRegion {
   std::shared_ptr<cuda::Watchdog> watchdog_;
   cuda::DeviceAllocation memory_;
   FlagPage flags_;
+  cuda::LocalFlagMemory local_flags_;  // NOTE [local flags]
 };
 
 class CudaMapping final : public PeerMapping {
@@ -259,6 +264,18 @@ class CudaTransport final : public Transport {
       }
     }
     kernels::handshake_cuda(p, s);
+  }
+
+  // NOTE [waiting gemm]: one kernel. Its flags are local (NOTE [local flags]): device memory the
+  // host must not read, set by this rank's own copy lanes, so nothing is armed.
+  void waiting_gemm(const std::vector<gemm::WaitingGemmGroup>& groups,
+                    const std::vector<WaitContext>& ctxs, const gemm::GemmOptions& options,
+                    cudaStream_t stream, int lane) override {
+    OVERLAP_CHECK(!is_capturing(stream), kInternal,
+                  "waiting_gemm: captured ops run the chunked schedule (NOTE [fused ag_gemm])");
+    if (stopping()) raise_stopped(ctxs.empty() ? WaitContext{} : ctxs.front());  // NOTE [abort]
+    DeviceGuard guard(device_);
+    gemm::waiting_gemm_cuda(groups, options, device_, lanes_.stream(stream, lane));
   }
 
   void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,

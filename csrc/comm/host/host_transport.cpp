@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ class HostRegion final : public LocalRegion {
   void* data() const override { return static_cast<char*>(segment_.data()) + kFlagBytes; }
   std::size_t size() const override { return segment_.size() - kFlagBytes; }
   std::uint64_t* flags() const override { return static_cast<std::uint64_t*>(segment_.data()); }
+  std::uint64_t* local_flags() const override { return local_flags_.get(); }  // NOTE [local flags]
   std::string export_handle() const override {
     std::ostringstream oss;
     oss << kHandlePrefix << ' ' << segment_.size() << ' ' << segment_.name() << ' ' << cookie_;
@@ -41,6 +43,7 @@ class HostRegion final : public LocalRegion {
  private:
   ShmSegment segment_;
   std::string cookie_;
+  std::unique_ptr<std::uint64_t[]> local_flags_{new std::uint64_t[kLocalFlagBytes / 8]()};
 };
 
 class HostMapping final : public PeerMapping {

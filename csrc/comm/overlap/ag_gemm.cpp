@@ -99,6 +99,90 @@ void check_weight(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   }
 }
 
+// Pulls piece p of rank j's shard from rank j's slot j into ours, on `lane` (NOTE [ag_gemm
+// pulls]).
+void pull_piece(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const AgGemmLayout& l,
+                const Pieces& pc, int j, int p, cudaStream_t stream, int lane) {
+  const std::size_t row_bytes = l.shard_bytes / static_cast<std::size_t>(a_shard.rows);
+  const std::size_t offset = j * l.shard_bytes + static_cast<std::size_t>(pc.lo(p)) * row_bytes;
+  buf.transport().put(buf.data(buf.rank()) + offset, buf.data(j) + offset,
+                      static_cast<std::size_t>(pc.rows(p)) * row_bytes, stream, lane);
+}
+
+// The local flag (NOTE [local flags]) our own pull lane sets to the op's epoch once chunk j's
+// piece p has landed (NOTE [fused ag_gemm]); epochs only grow, so the flags do.
+std::uint64_t* landed_flag(const SymmetricBuffer& buf, int j, int p) {
+  return buf.local_flag(j * kMaxPieces + p);
+}
+
+// The waiting GEMM's groups (NOTE [waiting gemm]) and what each waits for: our own chunk,
+// then each peer's pieces in pull order, every weight of each.
+struct FusedGroups {
+  std::vector<gemm::WaitingGemmGroup> groups;
+  std::vector<WaitContext> ctxs;
+};
+FusedGroups fused_groups(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
+                         const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
+                         const Pieces& pc, std::uint64_t epoch) {
+  const int r = buf.rank();
+  const int n = buf.size();
+  FusedGroups f;
+  for (int s = 0; s < n; ++s) {
+    const int j = (r + s) % n;
+    for (int p = 0; p < (j == r ? 1 : pc.count()); ++p) {
+      for (const AgGemmWeight& x : weights) {
+        gemm::WaitingGemmGroup g;
+        g.a = piece_operand(buf, a_shard, l, j, pc, p);
+        g.b = x.b;
+        g.d = piece_output(buf, x.d, a_shard.rows, j, pc, p);
+        if (j != r) {
+          g.flag = landed_flag(buf, j, p);
+          g.value = epoch;
+        }
+        f.groups.push_back(g);
+        f.ctxs.push_back(WaitContext{kOp, r, j, s, g.value, buf.timeout_s()});
+      }
+    }
+  }
+  return f;
+}
+
+// NOTE [fused ag_gemm]: config.fused_gemm, on the pulls' handshakes (NOTE [ag_gemm pulls]):
+// clang-format off
+//   c0 | begin_op | handshakes (as the pulls) | fork | waiting GEMM: own chunk, then each chunk once its flag is set | join
+//   P  |          |                           |      | pull slot r+1, signal landed(r+1) := e | pull slot r+2, signal ... | ...
+// clang-format on
+// One GEMM kernel for the whole op (NOTE [waiting gemm]): no GEMM launch, wait or join per
+// chunk, and the chunks' tiles share the SMs, so a GEMM-bound op runs as one GEMM and a
+// comm-bound one ends a last chunk's share of the GEMM after its pull. Every SM-using step the
+// GEMM depends on (the handshakes) precedes it on c0; the pulls and flags are copy-engine work
+// and memops, so a GEMM holding every SM cannot starve them. The pulls are issued before the
+// GEMM (the host transport runs lanes in program order). The flags are local (NOTE [local
+// flags]): only our own pull lane sets them, so the GEMM's waits need no watchdog. A captured op
+// runs the chunked pulls instead: a graph replays the flag values it captured, and a local flag
+// already holding one would pass before its shard landed (the result is the same). bfloat16
+// only (the kernel's rules); ranks may differ in this setting. Measured:
+// docs/performance-log.md [fused ag_gemm].
+void ag_gemm_fused(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
+                   const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
+                   const Pieces& pc, std::uint64_t epoch, cudaStream_t stream) {
+  const int r = buf.rank();
+  const int n = buf.size();
+  Transport& t = buf.transport();
+  constexpr int kPullLane = 1;
+  t.fork(stream, kPullLane + 1);
+  for (int s = 1; s < n; ++s) {
+    const int j = (r + s) % n;
+    for (int p = 0; p < pc.count(); ++p) {
+      pull_piece(buf, a_shard, l, pc, j, p, stream, kPullLane);
+      t.signal(landed_flag(buf, j, p), epoch, stream, kPullLane);
+    }
+  }
+  const FusedGroups f = fused_groups(buf, a_shard, weights, l, pc, epoch);
+  t.waiting_gemm(f.groups, f.ctxs, weights.front().options, stream, 0);
+  t.join(stream);
+}
+
 // NOTE [ag_gemm pulls]: config.pull_shards, torch async-TP's order with handshake kernels
 // (NOTE [handshakes]) where the ranks meet. Rank r, C compute lanes, P = the pull lane:
 // clang-format off
@@ -138,6 +222,10 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
     if (scaled) h.after.push_back(WordCopy{scale_slot(r, peer), scale_slot(peer, peer)});
   }
   t.handshake(h, stream, 0);
+  if (config.fused_gemm && !t.capturing(stream)) {
+    ag_gemm_fused(buf, a_shard, weights, l, pc, epoch, stream);
+    return;
+  }
   const int pull_lane = lanes_c;
   t.fork(stream, lanes_c + 1);
   int q = 0;  // GEMM q on lane q % C
@@ -150,13 +238,10 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
     }
   };
   gemms(r, 0);
-  const std::size_t row_bytes = l.shard_bytes / static_cast<std::size_t>(a_shard.rows);
   for (int s = 1; s < n; ++s) {
     const int j = (r + s) % n;
     for (int p = 0; p < pc.count(); ++p) {
-      const std::size_t offset = j * l.shard_bytes + static_cast<std::size_t>(pc.lo(p)) * row_bytes;
-      t.put(own + offset, buf.data(j) + offset, static_cast<std::size_t>(pc.rows(p)) * row_bytes,
-            stream, pull_lane);
+      pull_piece(buf, a_shard, l, pc, j, p, stream, pull_lane);
       gemms(j, p);
     }
   }
@@ -217,6 +302,19 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
   for (std::size_t w = 0; w < weights.size(); ++w) {
     check_weight(buf, a_shard, l, pc, weights[w], weights.size() > 1 ? static_cast<int>(w) : -1,
                  target);
+  }
+  if (config.fused_gemm) {  // NOTE [fused ag_gemm]
+    OVERLAP_CHECK_ARG(config.pull_shards,
+                      kOp << ": fused_gemm runs on the pulls; set pull_shards=True as well");
+    for (std::size_t w = 1; w < weights.size(); ++w) {
+      const gemm::GemmOptions& a = weights[0].options;
+      const gemm::GemmOptions& b = weights[w].options;
+      OVERLAP_CHECK(a.alpha == b.alpha && a.sm_count == b.sm_count, kUnsupported,
+                    kOp << ": with fused_gemm every weight takes one alpha and sm_count (weight "
+                        << w << " differs from weight 0)");
+    }
+    gemm::validate_waiting_gemm(fused_groups(buf, a_shard, weights, l, pc, 0).groups,
+                                weights[0].options, target);
   }
   const int lanes_c = config.compute_lanes;
   const int split = buf.put_split();

@@ -37,6 +37,9 @@ struct AgGemmConfig {
   int pieces = 1;
   // Pushes: also copy our own shard into our slot (NOTE [ag_gemm own slot]); pulls always do.
   bool keep_gathered = false;
+  // Pulls only: ONE waiting GEMM consumes the shards as they land (NOTE [fused ag_gemm]);
+  // compute_lanes does not apply.
+  bool fused_gemm = false;
 };
 
 struct GemmRsConfig {
