@@ -2,7 +2,7 @@
 
 Usage: graphs_worker.py <scenario> <tp_size> cuda
 Scenarios:
-  replay   several ops (AG+GEMM bf16 and FP8, GEMM+RS, a buffer all-gather and
+  replay   several ops (AG+GEMM bf16, FP8 and fused, GEMM+RS, a buffer all-gather and
            reduce-scatter) captured once and replayed with fresh inputs, eager ops in between,
            a deliberately slow rank before some replays: every result matches its reference.
   refused  ops captured with plain torch.cuda.graph are refused with a typed error that
@@ -17,6 +17,7 @@ import sys
 import _worker
 import torch
 
+from overlap._native import native
 from overlap.comm import Communicator, CudaGraph, TorchBootstrap
 from overlap.errors import StateError, UnsupportedHardwareError
 from overlap.ops import (
@@ -58,6 +59,13 @@ class Ops:
         # Pulls (a captured handshake runs as memory operations, NOTE [handshakes]), FP8:
         # the scale_invs travel as the handshake's words; 3 pulls per peer.
         self.ag8 = AllGatherGemm(comm, n * m, k, E4M3, pieces=3, pull_shards=True)
+        # The fused AG+GEMM (NOTE [fused ag_gemm]): its waiting GEMM eagerly, the chunked pulls
+        # when captured; both beside each other's local flags. Builds without the kernel skip it.
+        self.agf = (
+            AllGatherGemm(comm, n * m, k, torch.bfloat16, pull_shards=True, fused_gemm=True)
+            if native().gemm.waiting_gemm_built()
+            else None
+        )
         self.rs = GemmReduceScatter(comm, n * m, nout, torch.bfloat16, compute_lanes=2, pieces=2)
         # The ring with pulls: a handshake in begin_op, then one flag per piece.
         self.ring = GemmReduceScatter(
@@ -87,6 +95,7 @@ class Ops:
         return {
             "ag": self.ag(self.x, self.w),
             "ag8": self.ag8(self.x8, self.w8),
+            **({"agf": self.agf(self.x, self.w)} if self.agf is not None else {}),
             "rs": self.rs(self.y, self.w),
             "ring": self.ring(self.y, self.w, out=self.ring_out),
             "bulk_ag": self.bag(self.x, self.sa, self.sb, out=self.bag_out),
@@ -105,7 +114,10 @@ class Ops:
 
     def check(self, got: dict[str, torch.Tensor], tp: TorchBootstrap, what: str) -> None:
         g = tp.group
-        close(got["ag"], all_gather_gemm_reference(self.x, self.w, group=g)[0], f"{what} ag")
+        want_ag = all_gather_gemm_reference(self.x, self.w, group=g)[0]
+        close(got["ag"], want_ag, f"{what} ag")
+        if self.agf is not None:
+            close(got["agf"], want_ag, f"{what} ag fused")
         want8, _ = all_gather_gemm_reference(self.x8, self.w8, group=g)
         close(got["ag8"], want8, f"{what} ag fp8", 2e-2)
         assert torch.equal(
@@ -129,6 +141,8 @@ class Ops:
     def destroy(self) -> None:
         for op in (self.ag, self.ag8, self.rs, self.ring, self.bag, self.brs, self.buf):
             op.destroy()
+        if self.agf is not None:
+            self.agf.destroy()
 
 
 def replay(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
@@ -141,7 +155,8 @@ def replay(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None
     # and bulk reduce-scatter (NOTE [ag_gemm pieces]), 4 (n - 1) made odd per ring GEMM+RS
     # (NOTE [ring sub-epochs]); all_gather's copy-out is not an op.
     ring = 4 * (tp.size - 1) + 1 - (4 * (tp.size - 1)) % 2
-    assert graph.ops == 3 + 4 * 5 + ring, graph.ops
+    five_epoch_ops = 4 if ops.agf is None else 5  # + the fused AG+GEMM, captured as pulls
+    assert graph.ops == 3 + five_epoch_ops * 5 + ring, graph.ops
     slow = tp.size - 1
     for i in range(4):
         ops.refill(gen)
