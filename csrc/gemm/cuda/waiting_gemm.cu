@@ -116,8 +116,7 @@ struct WaitingMainloop : Base {
   CUTLASS_DEVICE void load(Params const& params, Rest&&... rest) {
     const std::uint64_t* flag = params.waits.flags[group_];
     if (flag != nullptr && waited_ != group_) {
-      // NOTE [waiting mainloop]: once per group and warp, one lane: the flags may live in
-      // pinned host memory, where every poll is a PCIe read.
+      // NOTE [waiting mainloop]: once per group and warp, by one lane (flags only grow).
       if ((threadIdx.x & 31) == 0) {
         const std::uint64_t value = params.waits.values[group_];
         while (load_acquire_sys(flag) < value) __nanosleep(128);
