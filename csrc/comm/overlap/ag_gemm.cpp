@@ -116,14 +116,23 @@ std::uint64_t* landed_flag(const SymmetricBuffer& buf, int j, int p) {
 }
 
 // The waiting GEMM's groups (NOTE [waiting gemm]) and what each waits for: our own chunk,
-// then each peer's pieces in pull order, every weight of each.
+// then each peer's pieces in pull order, every weight of each. Built (and validated) before
+// the op begins; the op sets the awaited values to its epoch (with_epoch).
 struct FusedGroups {
   std::vector<gemm::WaitingGemmGroup> groups;
   std::vector<WaitContext> ctxs;
+
+  void with_epoch(std::uint64_t epoch) {
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (groups[i].flag == nullptr) continue;
+      groups[i].value = epoch;
+      ctxs[i].epoch = epoch;
+    }
+  }
 };
 FusedGroups fused_groups(const SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                          const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
-                         const Pieces& pc, std::uint64_t epoch) {
+                         const Pieces& pc) {
   const int r = buf.rank();
   const int n = buf.size();
   FusedGroups f;
@@ -135,12 +144,9 @@ FusedGroups fused_groups(const SymmetricBuffer& buf, const gemm::GemmOperand& a_
         g.a = piece_operand(buf, a_shard, l, j, pc, p);
         g.b = x.b;
         g.d = piece_output(buf, x.d, a_shard.rows, j, pc, p);
-        if (j != r) {
-          g.flag = landed_flag(buf, j, p);
-          g.value = epoch;
-        }
+        if (j != r) g.flag = landed_flag(buf, j, p);
         f.groups.push_back(g);
-        f.ctxs.push_back(WaitContext{kOp, r, j, s, g.value, buf.timeout_s()});
+        f.ctxs.push_back(WaitContext{kOp, r, j, s, 0, buf.timeout_s()});
       }
     }
   }
@@ -163,9 +169,9 @@ FusedGroups fused_groups(const SymmetricBuffer& buf, const gemm::GemmOperand& a_
 // already holding one would pass before its shard landed (the result is the same). bfloat16
 // only (the kernel's rules); ranks may differ in this setting. Measured:
 // docs/performance-log.md [fused ag_gemm].
-void ag_gemm_fused(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
-                   const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
-                   const Pieces& pc, std::uint64_t epoch, cudaStream_t stream) {
+void ag_gemm_fused(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const AgGemmLayout& l,
+                   const Pieces& pc, const gemm::GemmOptions& options, FusedGroups& fused,
+                   std::uint64_t epoch, cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
   Transport& t = buf.transport();
@@ -178,8 +184,8 @@ void ag_gemm_fused(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
       t.signal(landed_flag(buf, j, p), epoch, stream, kPullLane);
     }
   }
-  const FusedGroups f = fused_groups(buf, a_shard, weights, l, pc, epoch);
-  t.waiting_gemm(f.groups, f.ctxs, weights.front().options, stream, 0);
+  fused.with_epoch(epoch);
+  t.waiting_gemm(fused.groups, fused.ctxs, options, stream, 0);
   t.join(stream);
 }
 
@@ -197,7 +203,7 @@ void ag_gemm_fused(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
 void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                     const std::vector<AgGemmWeight>& weights, const AgGemmLayout& l,
                     const Pieces& pc, const AgGemmConfig& config, std::uint64_t arg,
-                    cudaStream_t stream) {
+                    FusedGroups* fused, cudaStream_t stream) {
   const int r = buf.rank();
   const int n = buf.size();
   Transport& t = buf.transport();
@@ -222,8 +228,8 @@ void ag_gemm_pulled(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
     if (scaled) h.after.push_back(WordCopy{scale_slot(r, peer), scale_slot(peer, peer)});
   }
   t.handshake(h, stream, 0);
-  if (config.fused_gemm && !t.capturing(stream)) {
-    ag_gemm_fused(buf, a_shard, weights, l, pc, epoch, stream);
+  if (fused != nullptr && !t.capturing(stream)) {
+    ag_gemm_fused(buf, a_shard, l, pc, weights.front().options, *fused, epoch, stream);
     return;
   }
   const int pull_lane = lanes_c;
@@ -303,6 +309,7 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
     check_weight(buf, a_shard, l, pc, weights[w], weights.size() > 1 ? static_cast<int>(w) : -1,
                  target);
   }
+  FusedGroups fused;
   if (config.fused_gemm) {  // NOTE [fused ag_gemm]
     OVERLAP_CHECK_ARG(config.pull_shards,
                       kOp << ": fused_gemm runs on the pulls; set pull_shards=True as well");
@@ -313,8 +320,8 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
                     kOp << ": with fused_gemm every weight takes one alpha and sm_count (weight "
                         << w << " differs from weight 0)");
     }
-    gemm::validate_waiting_gemm(fused_groups(buf, a_shard, weights, l, pc, 0).groups,
-                                weights[0].options, target);
+    fused = fused_groups(buf, a_shard, weights, l, pc);
+    gemm::validate_waiting_gemm(fused.groups, weights[0].options, target);
   }
   const int lanes_c = config.compute_lanes;
   const int split = buf.put_split();
@@ -325,7 +332,8 @@ void ag_gemm(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard,
     arg = mix_arg(arg, v);
   }
   if (config.pull_shards) {
-    ag_gemm_pulled(buf, a_shard, weights, l, pc, config, arg, stream);
+    ag_gemm_pulled(buf, a_shard, weights, l, pc, config, arg, config.fused_gemm ? &fused : nullptr,
+                   stream);
     return;
   }
 

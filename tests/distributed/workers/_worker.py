@@ -142,6 +142,30 @@ def per_tensor_fp8(x: torch.Tensor, scale: float) -> Any:
     )
 
 
+def close(
+    got: torch.Tensor, want: torch.Tensor, what: str, *, cuda: bool, fp8_inputs: bool = False
+) -> None:
+    """An op's GEMM output against its reference: bit-exact on the host (its GEMM is the
+    float64-accurate reference, whatever the chunking); on cuda within bfloat16 tolerance
+    (2e-2 for FP8 inputs) relative to the largest value, as cuBLASLt (or the waiting GEMM) may
+    pick other kernels for chunks than for the whole matrix; FP8 outputs within one code."""
+    import torch
+
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape)
+    g, w = got.float().cpu(), want.float().cpu()
+    assert torch.isfinite(g).all(), f"{what}: non-finite values (poison left?)"
+    if not cuda:
+        assert torch.equal(g, w), f"{what}: max |diff| {(g - w).abs().max()}"
+        return
+    if got.dtype == torch.float8_e4m3fn:  # chunked and whole GEMMs may round one code apart
+        ulp = torch.maximum(g.abs(), w.abs()) * 2.0**-3 + 2.0**-9
+        assert ((g - w).abs() <= ulp).all(), f"{what}: FP8 codes more than one step apart"
+        return
+    tol = 2e-2 if fp8_inputs else 1e-2
+    err = ((g - w).abs().max() / w.abs().max().clamp_min(1e-6)).item()
+    assert err <= tol, f"{what}: relative error {err} > {tol}"
+
+
 def close_ring(
     got: torch.Tensor, want: torch.Tensor, what: str, n: int, roundoff: float, *, cuda: bool
 ) -> None:

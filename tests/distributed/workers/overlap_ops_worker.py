@@ -54,21 +54,10 @@ def rand(rows: int, cols: int, gen: torch.Generator, scale: float = 1.0) -> torc
 
 
 def close(got: torch.Tensor, want: torch.Tensor, what: str, fp8_inputs: bool = False) -> None:
-    """Bit-exact on the host; on cuda within bf16 (or FP8-GEMM) tolerance."""
-    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape)
+    """Bit-exact on the host; on cuda within bf16 (or FP8-GEMM) tolerance, FP8 outputs
+    within one code (_worker.close); and the reference's strides."""
     assert got.stride() == want.stride(), (what, got.stride(), want.stride())
-    g, w = got.float().cpu(), want.float().cpu()
-    assert torch.isfinite(g).all(), f"{what}: non-finite values (poison left?)"
-    if DEVICE.type == "cpu":
-        assert torch.equal(g, w), f"{what}: max |diff| {(g - w).abs().max()}"
-        return
-    if got.dtype == E4M3:  # FP8 codes: chunked and whole GEMMs may round one code apart
-        ulp = torch.maximum(g.abs(), w.abs()) * 2.0**-3 + 2.0**-9
-        assert ((g - w).abs() <= ulp).all(), f"{what}: FP8 codes more than one step apart"
-        return
-    tol = 2e-2 if fp8_inputs else 1e-2
-    err = ((g - w).abs().max() / w.abs().max().clamp_min(1e-6)).item()
-    assert err <= tol, f"{what}: relative error {err} > {tol}"
+    _worker.close(got, want, what, cuda=DEVICE.type == "cuda", fp8_inputs=fp8_inputs)
 
 
 # Unit roundoff of the dtype the ring's running sums are rounded to.
