@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from overlap.comm import Communicator
+from overlap.gemm import set_waiting_kernel
 from overlap.ops import (
     AllGatherBesideGemm,
     AllGatherGemm,
@@ -348,9 +349,11 @@ register("ag_gemm", "pull", _ag_pull, grid(lanes=(1, 2)))
 register("ag_gemm", "pull", _ag_pull, grid(lanes=(1, 2), pieces=(2,)))
 
 
-def _ag_fused(case: Case, *, pieces: int = 1) -> Runner:
+def _ag_fused(case: Case, *, pieces: int = 1, kernel: str = "") -> Runner:
     """:class:`~overlap.ops.AllGatherGemm` with ``fused_gemm`` (NOTE [fused ag_gemm]): the pulls
-    and ONE waiting GEMM (its own op object: the setting is the op's)."""
+    and ONE waiting GEMM (its own op object: the setting is the op's). ``kernel``: the waiting
+    kernel's override around each call (:func:`overlap.gemm.set_waiting_kernel`; "" measured,
+    "untuned" the rule the measured choice replaced, NOTE [waiting gemm choice])."""
     op = case.keep(
         ("ag_fused",),
         lambda: AllGatherGemm(
@@ -362,7 +365,17 @@ def _ag_fused(case: Case, *, pieces: int = 1) -> Runner:
         op.pieces = pieces
         return op(case.a, case.w, out=case.out)
 
-    return run
+    if not kernel:
+        return run
+
+    def forced() -> object:
+        previous = set_waiting_kernel(kernel)
+        try:
+            return run()
+        finally:
+            set_waiting_kernel(previous)
+
+    return forced
 
 
 def _fused_runs(case: Case, kwargs: Mapping[str, Any]) -> bool:
@@ -374,6 +387,8 @@ def _fused_runs(case: Case, kwargs: Mapping[str, Any]) -> bool:
 
 
 register("ag_gemm", "fused", _ag_fused, grid(pieces=(1, 2)), when=_fused_runs)
+# The untuned kernel rule, for the A/B of NOTE [waiting gemm choice].
+register("ag_gemm", "fused", _ag_fused, grid(pieces=(1,), kernel=("untuned",)), when=_fused_runs)
 register("gemm_rs", "pipeline", _rs_pipeline, grid(lanes=(1, 2), split=(1, 2)), when=_cuda_setting)
 # Pieces (NOTE [gemm_rs pieces]) for the comm-bound shapes: two, whose reductions run beside
 # the GEMMs of the second round (4 pieces, and a bounded reduction grid, measured slower on

@@ -33,7 +33,7 @@ from benchmarks.overlap_report import add_metrics, progress_message
 from benchmarks.overlap_suite import te_floor_reference, te_reference
 from benchmarks.trace import Tracer, row_label
 from overlap.comm import Communicator, TorchBootstrap, TransportKind, tp_subgroup
-from overlap.gemm import gemm
+from overlap.gemm import gemm, waiting_kernel_choices
 from overlap.ops import all_gather_rows, gemm_reduce_scatter_reference
 from overlap.quantization import CurrentScalingConfig, QuantizedTensor, make_quantizer
 from overlap.ub.plans import OP, SEQUENTIAL, PlanPolicy, ShapeKey, ShapePlans
@@ -301,8 +301,10 @@ def _time_row(
     passes (NOTE [timing passes]; each pass's times in ``pass_times``), with the host's
     enqueue time per call of each variant and of torch's op where the timer measures it
     (``host_ms_by_variant``, ``host_ms_torch``: medians over the passes); with the run's
-    tracer, traces the fastest variant and ``torch_call`` (``trace``); releases the case's
-    objects."""
+    tracer, traces the fastest variant and ``torch_call`` (``trace``); with the fused AG+GEMM
+    on GPUs, the waiting kernels it chose for the row (``waiting_kernels``, NOTE [waiting gemm
+    choice]); releases the case's objects."""
+    chosen_before = {c["problem"] for c in waiting_kernel_choices()}
     try:
         built, out["variant_errors"] = build_variants(case, run.variants)
         out["plan"] = _plan(out, run, case, built, calls)
@@ -335,6 +337,9 @@ def _time_row(
         name: med[f"variant {name}"] for name in built if f"variant {name}" in med
     }
     out["host_ms_torch"] = med.get("T_torch")
+    chosen = [c for c in waiting_kernel_choices() if c["problem"] not in chosen_before]
+    if chosen:
+        out["waiting_kernels"] = chosen
 
 
 def _plan(

@@ -75,6 +75,9 @@ __all__ = [
     "get_autotune_config",
     "release_gemm_resources",
     "set_autotune_config",
+    "set_waiting_kernel",
+    "waiting_kernel_choices",
+    "waiting_kernels",
 ]
 
 
@@ -397,6 +400,43 @@ def set_autotune_config(config: AutotuneConfig) -> AutotuneConfig:
         enabled=config.enabled, max_candidates=config.max_candidates, rounds=config.rounds
     )
     return previous
+
+
+def waiting_kernels() -> tuple[str, ...]:
+    """The fused AG+GEMM's waiting-kernel candidates, in the tuner's order.
+
+    Tile shape and cluster (NOTE [waiting gemm tiles] in
+    ``csrc/gemm/cuda/waiting_gemm.cu``); empty in a build without the kernel
+    (``native().gemm.waiting_gemm_built()``).
+    """
+    return tuple(native().gemm.waiting_gemm_candidates())
+
+
+def waiting_kernel_choices() -> list[dict[str, Any]]:
+    """The waiting kernel this process chose for each problem it ran (NOTE [waiting gemm choice]).
+
+    Each entry: ``problem`` (groups, rows x n, k, SMs, the last group's expected arrival),
+    ``kernel`` (a name of :func:`waiting_kernels`), ``tuned`` (False: the untuned rule, ``note``
+    says why), ``estimate_ms`` (max of the whole problem's time and the last arrival plus the
+    last group's time), ``candidates``, ``all_ms`` and ``last_ms`` per candidate (negative: it
+    could not run; ``last_ms`` 0: not timed, the problem being GEMM-bound), ``note``.
+    """
+    return [dict(c) for c in native().gemm.waiting_gemm_choices()]
+
+
+def set_waiting_kernel(name: str) -> str:
+    """Override the waiting kernel's measured choice process-wide; returns the previous override.
+
+    For tests and A/B benchmarks: ``""`` measures each new problem once (the default),
+    ``"untuned"`` takes the untuned rule (64 x 128 tiles up to 256 rows a shard, else 256 x
+    128), any name of :func:`waiting_kernels` runs that kernel.
+
+    Raises:
+        ConfigError: ``name`` is none of these.
+    """
+    if not isinstance(name, str):
+        raise ConfigError(f"set_waiting_kernel: name must be a str, got {name!r:.80}")
+    return str(native().gemm.set_waiting_gemm_kernel(name))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 // output and picks the stream; the core validates everything. The wrapper passes gemm()'s
 // arguments positionally, in this order (NOTE [gemm host path] in overlap/gemm.py).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <string>
 #include <utility>
@@ -139,6 +140,33 @@ void register_gemm(py::module_& m) {
   g.def("clear_cache", &gemm::gemm_clear_cache, "Drop every cached cuBLASLt algorithm.");
   g.def("waiting_gemm_built", &gemm::waiting_gemm_built,
         "Whether this build holds the waiting grouped GEMM (NOTE [waiting gemm]; CUTLASS).");
+  g.def(
+      "waiting_gemm_choices",
+      [] {
+        py::list out;
+        for (const gemm::WaitingGemmChoice& c : gemm::waiting_gemm_choices()) {
+          py::dict d;
+          d["problem"] = c.problem;
+          d["kernel"] = c.kernel;
+          d["tuned"] = c.tuned;
+          d["estimate_ms"] = c.estimate_ms;
+          d["candidates"] = c.candidates;
+          d["all_ms"] = c.all_ms;
+          d["last_ms"] = c.last_ms;
+          d["note"] = c.note;
+          out.append(d);
+        }
+        return out;
+      },
+      "The waiting GEMM's kernel per problem this process ran (NOTE [waiting gemm choice]): "
+      "problem, kernel, tuned, estimate_ms, candidates, all_ms, last_ms (0: not timed), note.");
+  g.def("waiting_gemm_candidates", &gemm::waiting_gemm_candidates,
+        "The waiting GEMM's candidate kernels, in the tuner's order (empty without the kernel).");
+  g.def("set_waiting_gemm_kernel", &gemm::set_waiting_gemm_kernel, py::arg("name"),
+        "Override the waiting GEMM's measured choice process-wide: '' measures, 'untuned' the "
+        "untuned rule, else a candidate's name (ConfigError otherwise). Returns the previous.");
+  g.def("waiting_gemm_kernel", &gemm::waiting_gemm_kernel,
+        "The override of the waiting GEMM's choice ('' when measured).");
   g.def(
       "release_resources",
       [] {

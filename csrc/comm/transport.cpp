@@ -141,7 +141,7 @@ void Transport::handshake(const Handshake& h, cudaStream_t stream, int lane) {
 
 void Transport::waiting_gemm(const std::vector<gemm::WaitingGemmGroup>& groups,
                              const std::vector<WaitContext>& ctxs, const gemm::GemmOptions& options,
-                             cudaStream_t stream, int lane) {
+                             double /*last_arrival_ms*/, cudaStream_t stream, int lane) {
   OVERLAP_CHECK(
       ctxs.size() == groups.size(), kInternal,
       "waiting_gemm: " << groups.size() << " groups but " << ctxs.size() << " wait contexts");

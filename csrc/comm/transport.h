@@ -162,10 +162,10 @@ class Transport {
   // the wait), in order on `lane`; validate with gemm::validate_waiting_gemm before an op
   // begins. The flags are local flags (NOTE [local flags]) set by this rank's own lanes. The
   // default waits and multiplies group by group (host: the reference); cuda runs ONE kernel
-  // (not under capture).
+  // (not under capture), chosen with last_arrival_ms (NOTE [waiting gemm choice]).
   virtual void waiting_gemm(const std::vector<gemm::WaitingGemmGroup>& groups,
                             const std::vector<WaitContext>& ctxs, const gemm::GemmOptions& options,
-                            cudaStream_t stream, int lane);
+                            double last_arrival_ms, cudaStream_t stream, int lane);
   // out[i] = sum_k in[k][i], fp32 accumulation in input order; bf16/fp16/fp32 inputs.
   virtual void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count,
                       DType dtype, const ReduceOutput& o, cudaStream_t stream, int lane) = 0;

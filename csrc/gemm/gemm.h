@@ -147,11 +147,46 @@ bool waiting_gemm_built();
 void validate_waiting_gemm(const std::vector<WaitingGemmGroup>& groups, const GemmOptions& options,
                            const GemmTarget& target);
 
+// NOTE [waiting gemm choice]: which instantiation (tile shape and cluster, NOTE [waiting gemm
+// tiles]) runs a problem is measured, once per problem and process, like cuBLASLt's algorithms
+// (NOTE [gemm autotune]: same switch and rounds, the context's tuning stream, scratch outputs,
+// no waits): T_all, the whole problem, and T_last, the last group alone, per candidate. The
+// pick minimises max(T_all, last_arrival_ms + T_last): when the last group lands after the
+// others are done (a communication-bound op), what shows is its own time, and smaller tiles
+// spread it over more SMs. last_arrival_ms is the caller's estimate of when the last group's
+// flag is set, from the kernel's start (0: all are ready); T_last is not timed where that
+// estimate makes the problem GEMM-bound. Untuned (autotuning off, or no scratch): shards of at
+// most 256 rows take 64 x 128 tiles, larger ones 256 x 128; a problem met while autotuning was
+// off is tuned by its first call after it is on. Verdict and figures: docs/performance-log.md
+// [waiting gemm choice].
+struct WaitingGemmChoice {
+  std::string problem;  // groups, rows x n per group, k, SM target, last arrival
+  std::string kernel;   // the chosen candidate's name
+  bool tuned = false;
+  double estimate_ms = 0.0;  // the objective above for the chosen candidate (0 untuned)
+  std::vector<std::string> candidates;
+  std::vector<double> all_ms;   // T_all per candidate (< 0: it could not run)
+  std::vector<double> last_ms;  // T_last per candidate (0: not timed, GEMM-bound)
+  std::string note;
+};
+
+// Every problem the process has chosen a waiting kernel for, in no particular order.
+std::vector<WaitingGemmChoice> waiting_gemm_choices();
+
+// The candidates' names, in the tuner's order (empty in a build without the kernel).
+std::vector<std::string> waiting_gemm_candidates();
+// Overrides the measured choice process-wide, for tests and A/B benchmarks: "" measures (the
+// default), "untuned" takes the untuned rule, a candidate's name runs that candidate. kConfig
+// for any other name. Returns the previous override.
+std::string set_waiting_gemm_kernel(const std::string& name);
+std::string waiting_gemm_kernel();  // the override ("" when the choice is measured)
+
 #ifdef OVERLAP_WITH_CUDA
 // The kernel on `device`, enqueued on `stream` (arguments staged through the GEMM context's
-// stream-ordered pool; no host synchronisation). Validate first.
+// stream-ordered pool; no host synchronisation, except when a new problem is tuned: NOTE
+// [waiting gemm choice]). Validate first.
 void waiting_gemm_cuda(const std::vector<WaitingGemmGroup>& groups, const GemmOptions& options,
-                       int device, cudaStream_t stream);
+                       int device, cudaStream_t stream, double last_arrival_ms);
 #endif
 
 // ---- algorithm autotuning (NOTE [gemm autotune] in gemm/cuda/autotune.h) ------------------

@@ -1,6 +1,10 @@
 // The waiting grouped GEMM's rules (NOTE [waiting gemm] in gemm/gemm.h), on every build: the
 // host transport refuses what the GPU kernel could not run, so CI sees the same errors.
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "common/errors.h"
@@ -24,6 +28,45 @@ bool waiting_gemm_built() {
 #else
   return false;
 #endif
+}
+
+#ifndef OVERLAP_WITH_CUDA
+// No GPU kernel in this build (gemm/cuda/waiting_gemm.cu): nothing to choose from.
+std::vector<WaitingGemmChoice> waiting_gemm_choices() {
+  return {};
+}
+
+std::vector<std::string> waiting_gemm_candidates() {
+  return {};
+}
+
+#endif
+
+namespace {
+std::mutex g_kernel_mutex;
+std::string g_kernel;  // NOTE [waiting gemm choice]: the override, "" when measured
+}  // namespace
+
+std::string set_waiting_gemm_kernel(const std::string& name) {
+  const std::vector<std::string> names = waiting_gemm_candidates();
+  const bool known = name.empty() || name == "untuned" ||
+                     std::find(names.begin(), names.end(), name) != names.end();
+  if (!known) {
+    std::ostringstream all;
+    for (const std::string& n : names) all << ", '" << n << "'";
+    OVERLAP_THROW(kConfig, "waiting gemm: no kernel named '"
+                               << name << "'; one of '' (measured), 'untuned'" << all.str()
+                               << (names.empty() ? " (this build has no waiting kernel)" : ""));
+  }
+  std::lock_guard<std::mutex> lock(g_kernel_mutex);
+  std::string previous = g_kernel;
+  g_kernel = name;
+  return previous;
+}
+
+std::string waiting_gemm_kernel() {
+  std::lock_guard<std::mutex> lock(g_kernel_mutex);
+  return g_kernel;
 }
 
 void validate_waiting_gemm(const std::vector<WaitingGemmGroup>& groups, const GemmOptions& options,

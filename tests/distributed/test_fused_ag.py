@@ -11,14 +11,14 @@ from tests.distributed.launcher import run_workers
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("scenario", ["correctness", "negative"])
+@pytest.mark.parametrize("scenario", ["correctness", "negative", "kernels"])
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_host_fused_ag(scenario: str, nprocs: int) -> None:
     run_workers("fused_ag_worker.py", nprocs, [scenario, str(nprocs), "host"])
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("scenario", ["correctness", "negative"])
+@pytest.mark.parametrize("scenario", ["correctness", "negative", "kernels"])
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_cuda_fused_ag(scenario: str, nprocs: int) -> None:
     from tests.conftest import gpu_count

@@ -1,7 +1,8 @@
 """GEMM autotuning (NOTE [gemm autotune] in csrc/gemm/cuda/autotune.h).
 
-CPU tests: the typed configuration, OVERLAP_GEMM_AUTOTUNE, problem validation, and the tune
-request on the host path. GPU tests: tuned results against the float64 reference, the
+CPU tests: the typed configuration, OVERLAP_GEMM_AUTOTUNE, problem validation, the tune
+request on the host path, and the waiting kernel's override (its GPU choice is tested by
+tests/distributed/test_fused_ag.py). GPU tests: tuned results against the float64 reference, the
 caller's output written once (rows outside untouched, beta accumulated once, amax of the real
 call), no tuning while capturing a CUDA graph (nor breaking another thread's capture), cache
 hits after tuning and after pre-tuning, one tuning for threads that miss a key together.
@@ -29,6 +30,9 @@ from overlap.gemm import (  # noqa: E402
     gemm_cache_stats,
     get_autotune_config,
     set_autotune_config,
+    set_waiting_kernel,
+    waiting_kernel_choices,
+    waiting_kernels,
 )
 from overlap.quantization import ScalingMode  # noqa: E402
 from tests.unit.gemm_reference import (  # noqa: E402
@@ -128,6 +132,36 @@ def test_env_value_is_applied_to_the_core(restore_config) -> None:
     assert get_autotune_config() == AutotuneConfig(enabled=False, max_candidates=6, rounds=3)
     _apply_gemm_autotune(native(), 12)
     assert get_autotune_config() == AutotuneConfig(enabled=True, max_candidates=12, rounds=3)
+
+
+# ---- CPU: the waiting kernel's choice (NOTE [waiting gemm choice]) ---------------------------
+
+
+def test_waiting_kernels_exist_exactly_in_builds_with_the_kernel() -> None:
+    names = waiting_kernels()
+    if native().gemm.waiting_gemm_built():
+        assert len(names) == 5 and len(set(names)) == 5, names
+        assert names[0] == "64x128 ping-pong" and "256x128" in names  # the untuned rule's two
+    else:
+        assert names == ()
+    assert waiting_kernel_choices() == []  # nothing ran a GPU waiting kernel in this process
+
+
+def test_set_waiting_kernel_returns_the_previous_override_and_rejects_unknown_names() -> None:
+    names = waiting_kernels()
+    try:
+        assert set_waiting_kernel("untuned") == ""
+        previous = "untuned"
+        for name in names:
+            assert set_waiting_kernel(name) == previous
+            previous = name
+        with pytest.raises(ConfigError, match=r"no kernel named 'nope'; one of '' \(measured\)"):
+            set_waiting_kernel("nope")
+        with pytest.raises(ConfigError, match="must be a str"):
+            set_waiting_kernel(3)  # type: ignore[arg-type]
+        assert set_waiting_kernel("") == previous  # the rejected calls changed nothing
+    finally:
+        set_waiting_kernel("")
 
 
 # ---- CPU: problems, results, the host path ---------------------------------------------------

@@ -270,12 +270,12 @@ class CudaTransport final : public Transport {
   // host must not read, set by this rank's own copy lanes, so nothing is armed.
   void waiting_gemm(const std::vector<gemm::WaitingGemmGroup>& groups,
                     const std::vector<WaitContext>& ctxs, const gemm::GemmOptions& options,
-                    cudaStream_t stream, int lane) override {
+                    double last_arrival_ms, cudaStream_t stream, int lane) override {
     OVERLAP_CHECK(!is_capturing(stream), kInternal,
                   "waiting_gemm: captured ops run the chunked schedule (NOTE [fused ag_gemm])");
     if (stopping()) raise_stopped(ctxs.empty() ? WaitContext{} : ctxs.front());  // NOTE [abort]
     DeviceGuard guard(device_);
-    gemm::waiting_gemm_cuda(groups, options, device_, lanes_.stream(stream, lane));
+    gemm::waiting_gemm_cuda(groups, options, device_, lanes_.stream(stream, lane), last_arrival_ms);
   }
 
   void reduce(void* out, const void* const* inputs, int num_inputs, std::size_t count, DType dtype,

@@ -121,6 +121,9 @@ std::uint64_t* landed_flag(const SymmetricBuffer& buf, int j, int p) {
 struct FusedGroups {
   std::vector<gemm::WaitingGemmGroup> groups;
   std::vector<WaitContext> ctxs;
+  // When the last shard should land, from the GEMM's start (the pulls and the GEMM start
+  // together, after the handshakes): for the kernel choice only (kFusedPullBytesPerMs).
+  double last_arrival_ms = 0.0;
 
   void with_epoch(std::uint64_t epoch) {
     for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -150,6 +153,9 @@ FusedGroups fused_groups(const SymmetricBuffer& buf, const gemm::GemmOperand& a_
       }
     }
   }
+  const double shard_bytes = static_cast<double>(a_shard.rows * a_shard.cols) *
+                             static_cast<double>(dtype_size(a_shard.dtype));
+  f.last_arrival_ms = (n - 1) * shard_bytes / kFusedPullBytesPerMs;
   return f;
 }
 
@@ -185,7 +191,7 @@ void ag_gemm_fused(SymmetricBuffer& buf, const gemm::GemmOperand& a_shard, const
     }
   }
   fused.with_epoch(epoch);
-  t.waiting_gemm(fused.groups, fused.ctxs, options, stream, 0);
+  t.waiting_gemm(fused.groups, fused.ctxs, options, fused.last_arrival_ms, stream, 0);
   t.join(stream);
 }
 

@@ -26,6 +26,11 @@ constexpr int kMaxRingSubchunks = 4;
 constexpr int kMaxPieces = 4;
 // Alignment of every slot and region (cuBLASLt's fastest kernels; overlap/buffers/layout.py).
 constexpr std::size_t kSlotAlignment = 256;
+// The pull rate a fused AG+GEMM assumes when it tells its waiting GEMM when the last shard
+// should land (NOTE [waiting gemm choice] in gemm/gemm.h): one copy-engine pull over NVLink,
+// the pulls back to back (4xH200: ~340 GB/s, docs/performance-log.md [gemm_rs pieces]). Only
+// the kernel choice reads it.
+constexpr double kFusedPullBytesPerMs = 340e6;
 
 struct AgGemmConfig {
   int compute_lanes = 2;  // streams the chunk GEMMs alternate over, 1..kMaxComputeLanes

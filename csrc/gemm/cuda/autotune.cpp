@@ -13,9 +13,7 @@ namespace overlap::gemm {
 
 namespace {
 
-// Host time to enqueue one timed run (cublasLtMatmul + an event record), generously: the hold
-// covers the enqueue of every timed run, up to kMaxHoldNs.
-constexpr std::uint64_t kHoldPerLaunchNs = 20'000;
+// The hold covers the enqueue of every timed run, up to kMaxHoldNs.
 constexpr std::uint64_t kMaxHoldNs = 20'000'000;
 // A timed sample is a burst of back-to-back launches of one candidate lasting about this long
 // (at most kMaxBurst launches).
@@ -77,7 +75,8 @@ RelaxedCaptureMode::~RelaxedCaptureMode() {
 }
 
 std::vector<double> time_candidates(int count, int rounds, cudaStream_t stream,
-                                    const std::function<bool(int)>& launch) {
+                                    const std::function<bool(int)>& launch,
+                                    std::uint64_t hold_per_launch_ns) {
   OVERLAP_CHECK(count >= 1 && rounds >= 1, kInternal,
                 "gemm autotune: " << count << " candidates, " << rounds << " rounds");
   std::vector<double> result(static_cast<std::size_t>(count), -1.0);
@@ -97,7 +96,7 @@ std::vector<double> time_candidates(int count, int rounds, cudaStream_t stream,
   const auto timed = [&](int passes, int burst) {
     const std::size_t samples = alive.size() * static_cast<std::size_t>(passes);
     const std::size_t launches = samples * static_cast<std::size_t>(burst);
-    hold_stream(stream, std::min<std::uint64_t>(kHoldPerLaunchNs * launches, kMaxHoldNs));
+    hold_stream(stream, std::min<std::uint64_t>(hold_per_launch_ns * launches, kMaxHoldNs));
     TimingEvents events(samples + 1);
     OVERLAP_CHECK_CUDA(cudaEventRecord(events[0], stream));
     for (std::size_t s = 0; s < samples; ++s) {

@@ -52,11 +52,16 @@ class RelaxedCaptureMode {
 // Keeps `stream` busy for about `ns` nanoseconds (one thread sleeping on the global timer).
 void hold_stream(cudaStream_t stream, std::uint64_t ns);
 
+// Host time to enqueue one timed run of a cuBLASLt candidate (cublasLtMatmul + an event
+// record), generously: the hold kernel covers the enqueue of every timed run (up to 20 ms).
+constexpr std::uint64_t kHoldPerLaunchNs = 20'000;
+
 // Times candidates 0..count-1 on `stream` (NOTE [gemm autotune]); launch(i) returns false if
 // candidate i could not be launched. Synchronises `stream`. Returns the median ms per launch,
-// -1 for dropped candidates.
+// -1 for dropped candidates. hold_per_launch_ns: the host's time to enqueue one launch.
 std::vector<double> time_candidates(int count, int rounds, cudaStream_t stream,
-                                    const std::function<bool(int)>& launch);
+                                    const std::function<bool(int)>& launch,
+                                    std::uint64_t hold_per_launch_ns = kHoldPerLaunchNs);
 
 // The fastest candidate (ties to the lower index), -1 when none ran.
 int pick_fastest(const std::vector<double>& times_ms);

@@ -1,6 +1,6 @@
 """The fused AG+GEMM (NOTE [fused ag_gemm]): one waiting GEMM over the pulled shards.
 Usage: fused_ag_worker.py <scenario> <tp_size> [host|cuda]
-Scenarios: correctness, negative.
+Scenarios: correctness, negative, kernels.
 
 On the host transport the waiting GEMM is the transport's default (each group's wait, then
 the float64-accurate reference GEMM): outputs match the reference bit for bit, so CI checks
@@ -16,6 +16,7 @@ import sys
 import _worker
 import torch
 
+from overlap import gemm
 from overlap.comm import Communicator, TorchBootstrap
 from overlap.errors import InvalidArgumentError, UnsupportedHardwareError
 from overlap.ops import AllGatherGemm, all_gather_gemm_reference
@@ -88,6 +89,68 @@ def correctness(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) ->
     fused.destroy()
 
 
+def kernels(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
+    """Every waiting-kernel candidate (NOTE [waiting gemm tiles]), forced one at a time, gives
+    the reference's result on shapes whose tiles do not divide them; then the measured choice
+    (NOTE [waiting gemm choice]) is recorded for the problem it ran. On the host the override
+    changes nothing (the transport's default runs the groups) but is accepted all the same."""
+    n = tp.size
+    names = gemm.waiting_kernels()
+    cuda = DEVICE.type == "cuda"
+    assert not cuda or len(names) == 5, names
+    forced = ["untuned", *names] if cuda else ["untuned", *names[:1]]
+    # (m per rank, K, N, pieces): a 2-CTA cluster's pair straddles a shard's end, N not a
+    # multiple of 128 or 256, pieces of a shard as groups, 200 rows (small tiles untuned).
+    shapes = [(300, 512, 776, 2), (200, 256, 264, 1)] if cuda else [(5, 32, 48, 2)]
+    ops = [
+        AllGatherGemm(comm, n * m, k, torch.bfloat16, pull_shards=True, fused_gemm=True, pieces=p)
+        for m, k, _, p in shapes
+    ]
+    previous = ""
+    try:
+        for name in forced:
+            assert gemm.set_waiting_kernel(name) == previous
+            previous = name
+            for ag, (m, k, nout, p) in zip(ops, shapes, strict=True):
+                x, w = rand(m, k, gen), rand(nout, k, gen, 0.1)
+                out = torch.full((n * m, nout), POISON, dtype=torch.bfloat16, device=DEVICE)
+                want, _ = all_gather_gemm_reference(x, w, group=tp.group)
+                close(ag(x, w, out=out), want, f"kernel {name!r}, m {m} k {k} n {nout} pieces {p}")
+    finally:
+        gemm.set_waiting_kernel("")
+    m, k, nout, _ = shapes[-1]  # one piece: the problem reads "<m> x <n> (m x n)"
+    x, w = rand(m, k, gen), rand(nout, k, gen, 0.1)
+    want, _ = all_gather_gemm_reference(x, w, group=tp.group)
+
+    def recorded() -> list[dict[str, object]]:
+        return [c for c in gemm.waiting_kernel_choices() if f"{m} x {nout} (m x n)" in c["problem"]]
+
+    # Autotuning off: the untuned rule, recorded as such; on again: the next call tunes.
+    previous = gemm.set_autotune_config(gemm.AutotuneConfig(enabled=False))
+    try:
+        close(ops[-1](x, w), want, "the untuned kernel")
+    finally:
+        gemm.set_autotune_config(previous)
+    if cuda:
+        (c,) = recorded()
+        assert not c["tuned"] and c["note"] == "autotuning is disabled", c
+        assert c["kernel"] == "64x128 ping-pong", c  # the rule: at most 256 rows a shard
+    close(ops[-1](x, w), want, "the measured kernel")
+    choices = gemm.waiting_kernel_choices()
+    if cuda:
+        ran = recorded()
+        assert len(ran) == 1, ran
+        c = ran[0]
+        assert c["tuned"], c
+        assert c["kernel"] in names and c["candidates"] == list(names), c
+        assert len(c["all_ms"]) == len(names) and min(t for t in c["all_ms"] if t >= 0) > 0, c
+        assert c["estimate_ms"] >= min(t for t in c["all_ms"] if t >= 0), c
+    else:
+        assert choices == [], choices  # the host never chooses a kernel
+    for ag in ops:
+        ag.destroy()
+
+
 def negative(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> None:
     """What the waiting kernel cannot run raises before any communication; the op stays
     usable."""
@@ -133,7 +196,7 @@ def main() -> None:
     scenario, transport, launch, DEVICE, tp = _worker.setup(sys.argv)
     gen = torch.Generator().manual_seed(97 + launch.rank)
     comm = Communicator(tp, transport, timeout_s=30)
-    {"correctness": correctness, "negative": negative}[scenario](comm, tp, gen)
+    {"correctness": correctness, "negative": negative, "kernels": kernels}[scenario](comm, tp, gen)
     comm.destroy()
 
 
