@@ -40,6 +40,15 @@ def test_host_bulk_ops_at_tp8() -> None:
 
 @pytest.mark.mpi
 @pytest.mark.slow
+def test_host_fused_ag_at_tp8() -> None:
+    """The fused AG+GEMM's groups (NOTE [fused ag_gemm]) at TP 8: with three pieces and three
+    weights an op has 66 (on a GPU, three waiting kernels: kWaitingMaxGroups is 32); the host
+    checks their order, flags and values."""
+    run_workers("fused_ag_worker.py", 8, ["correctness", "8", "host"], timeout_s=600)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize(("nprocs", "tp"), LAYOUTS, ids=[_id(*lay) for lay in LAYOUTS])
 def test_host_layers_on_eight_ranks(nprocs: int, tp: int) -> None:
     """Every layer scenario of test_layers.py (TP 8 widens the test dims: workers/

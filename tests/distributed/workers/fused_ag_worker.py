@@ -118,6 +118,17 @@ def kernels(comm: Communicator, tp: TorchBootstrap, gen: torch.Generator) -> Non
                 close(ag(x, w, out=out), want, f"kernel {name!r}, m {m} k {k} n {nout} pieces {p}")
     finally:
         gemm.set_waiting_kernel("")
+    # More groups than one kernel launch takes (kWaitingMaxGroups, 32): (1 + (n - 1) * 4) x 7.
+    m, k = shapes[0][0], shapes[0][1]
+    many = AllGatherGemm(
+        comm, n * m, k, torch.bfloat16, pull_shards=True, fused_gemm=True, pieces=4
+    )
+    x = rand(m, k, gen)
+    ws = [rand(16 * (i + 1), k, gen, 0.1) for i in range(7)]
+    for i, (got, wi) in enumerate(zip(many(x, ws), ws, strict=True)):
+        want, _ = all_gather_gemm_reference(x, wi, group=tp.group)
+        close(got, want, f"weight {i} of 7, 4 pieces ({(1 + (n - 1) * 4) * 7} groups)")
+    many.destroy()
     m, k, nout, _ = shapes[-1]  # one piece: the problem reads "<m> x <n> (m x n)"
     x, w = rand(m, k, gen), rand(nout, k, gen, 0.1)
     want, _ = all_gather_gemm_reference(x, w, group=tp.group)
