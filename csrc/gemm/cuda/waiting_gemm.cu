@@ -245,12 +245,9 @@ Choice tune(GemmContext& ctx, const std::vector<WaitingGemmGroup>& groups, float
     double work = 0.0;
     for (const WaitingGemmGroup& g : timed) work += static_cast<double>(g.a.rows * g.b.rows);
     const double share = static_cast<double>(timed.back().a.rows * timed.back().b.rows) / work;
-    double fastest = -1.0;
-    for (double t : rec.all_ms) {
-      if (t >= 0.0 && (fastest < 0.0 || t < fastest)) fastest = t;
-    }
+    const int fastest = pick_fastest(rec.all_ms);
     rec.last_ms.assign(kCandidates, 0.0);
-    if (fastest >= 0.0 && last_arrival_ms > (1.0 - kTailSlack * share) * fastest) {
+    if (fastest >= 0 && last_arrival_ms > (1.0 - kTailSlack * share) * rec.all_ms[fastest]) {
       const std::vector<WaitingGemmGroup> last{timed.back()};
       rec.last_ms = time_candidates(
           kCandidates, config.rounds, ts,
@@ -266,20 +263,16 @@ Choice tune(GemmContext& ctx, const std::vector<WaitingGemmGroup>& groups, float
   OVERLAP_CHECK_CUDA(cudaStreamSynchronize(ts));
   OVERLAP_CHECK_CUDA(cudaMemPoolTrimTo(res.pool.get(), 0));
 
-  // The objective; a candidate must beat the best so far by kTieTolerance (ties keep the
-  // earlier, smaller tiles).
-  int best = -1;
-  double best_ms = 0.0;
+  // The objective, ranked like cuBLASLt's candidates (pick_fastest: ties keep the earlier,
+  // smaller tiles); < 0 for a candidate that could not run.
+  std::vector<double> objective(kCandidates, -1.0);
   for (int c = 0; c < kCandidates; ++c) {
     const double all = rec.all_ms[c];
     const double tail = rec.last_ms[c];
     if (all < 0.0 || tail < 0.0) continue;
-    const double est = tail > 0.0 ? std::max(all, last_arrival_ms + tail) : all;
-    if (best < 0 || est < best_ms * (1.0 - kTieTolerance)) {
-      best = c;
-      best_ms = est;
-    }
+    objective[c] = tail > 0.0 ? std::max(all, last_arrival_ms + tail) : all;
   }
+  const int best = pick_fastest(objective);
   if (best < 0) {
     rec.note = "no candidate could run; keeping the untuned choice";
     OVERLAP_WARN("waiting gemm: " << problem << ": " << rec.note);
@@ -289,6 +282,7 @@ Choice tune(GemmContext& ctx, const std::vector<WaitingGemmGroup>& groups, float
   choice.pick = best;
   rec.tuned = true;
   rec.kernel = candidate_name(best);
+  const double best_ms = objective[best];
   rec.estimate_ms = best_ms;
   std::ostringstream msg;
   msg << "waiting gemm: " << problem << ": " << rec.kernel << " (" << best_ms
